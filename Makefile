@@ -1,0 +1,33 @@
+# Two commands for a fresh machine:
+#   make study   set up .venv, fetch the model, run the smoke study on CPU, draw its figures
+#   make test    set up .venv, fetch the model, run every test (unit, integration, nbval)
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# A pinned torch: on the CPU machines this resolves to a local CPU build; an unpinned
+# torch would pull a multi-GB CUDA build. GPU users may set TORCH_SPEC to their build.
+TORCH_SPEC ?= torch==2.13.0
+MODEL  ?= smollm2-135m-instruct
+PRESET ?= smoke
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup study test analysis clean-venv
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+	$(BIN)/grpo-knobs fetch-model $(MODEL)
+
+study: setup
+	$(BIN)/grpo-knobs study $(PRESET)
+
+test: setup
+	$(BIN)/python -m pytest tests notebooks --nbval-lax --sanitize-with tests/nbval_sanitize.cfg
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,167 @@
+"""Command-line entry point: ``grpo-knobs SUBCOMMAND``.
+
+The commands call the same library functions as the notebooks; on machines without
+Jupyter (the GPU machine) they are the way to run training and studies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _cmd_knobs(a: argparse.Namespace) -> int:
+    from .knobs import BatchPlan
+    plan = BatchPlan(a.rollout_batch_size, a.n_samples_per_prompt, a.global_batch_size, a.num_steps_per_rollout)
+    summary = plan.summary(a.response_budget, a.eval_every_responses if a.response_budget else None)
+    if a.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(plan.describe())
+    for k, v in summary.items():
+        print(f"  {k:<26} {v}")
+    return 0
+
+
+def _cmd_fetch_model(a: argparse.Namespace) -> int:
+    from .models import fetch_model
+    print(fetch_model(a.name))
+    return 0
+
+
+def _cmd_data(a: argparse.Namespace) -> int:
+    from . import data
+    if a.action == "build":
+        for path in data.build_manifests(tasks=a.tasks or None):
+            print(f"wrote {path}")
+    else:
+        for task in data.list_tasks():
+            info = data.task_info(task)
+            print(f"{task}: {json.dumps(info, default=str)}")
+    return 0
+
+
+def _cmd_train(a: argparse.Namespace) -> int:
+    from .config import RunConfig, parse_overrides
+    from .trainer import train
+    overrides = parse_overrides(a.param or [])
+    cfg = RunConfig.from_yaml(a.config, overrides) if a.config else RunConfig.from_dict(overrides)
+    print(cfg.plan.describe())
+    print(f"  budget {cfg.response_budget} responses = {cfg.collections} collections, "
+          f"{cfg.plan.updates_for_budget(cfg.response_budget)} updates; evaluations at {cfg.eval_points}")
+    run_dir = train(cfg, progress=not a.no_progress)
+    print(f"run complete: {run_dir}")
+    return 0
+
+
+def _cmd_test_eval(a: argparse.Namespace) -> int:
+    from .evaluation import run_test_job
+    job = {"run_id": a.run_id, "task": a.task, "model": a.model, "max_new_tokens": a.max_new_tokens,
+           "problems": a.problems, "device": a.device}
+    print(run_test_job(Path(a.study_dir), job))
+    return 0
+
+
+def _cmd_plan(a: argparse.Namespace) -> int:
+    from . import study
+    plan = study.plan(a.preset)
+    if a.json:
+        print(json.dumps(study.plan_to_json(plan), indent=2))
+    else:
+        print(study.format_plan_table(plan))
+    return 0
+
+
+def _cmd_study(a: argparse.Namespace) -> int:
+    from . import study
+    report = study.run_study(a.preset, phases=a.phase or None, jobs=a.jobs,
+                             study_dir=Path(a.study_dir) if a.study_dir else None,
+                             **({"executor": a.executor} if a.executor else {}))
+    print(report)
+    return 1 if getattr(report, "failed", None) else 0
+
+
+def _cmd_audit(a: argparse.Namespace) -> int:
+    from .audit import run_reward_audit
+    out = run_reward_audit(task=a.task, model=a.model, problems=a.problems, max_new_tokens=a.max_new_tokens,
+                           out_dir=Path(a.out_dir), device=a.device)
+    print(out)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="grpo-knobs", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    k = sub.add_parser("knobs", help="Derive and check a batch plan (P x G = B x S).")
+    k.add_argument("--rollout-batch-size", type=int, required=True)
+    k.add_argument("--n-samples-per-prompt", type=int, required=True)
+    k.add_argument("--global-batch-size", type=int, required=True)
+    k.add_argument("--num-steps-per-rollout", type=int, default=None)
+    k.add_argument("--response-budget", type=int, default=None)
+    k.add_argument("--eval-every-responses", type=int, default=None)
+    k.add_argument("--json", action="store_true")
+    k.set_defaults(func=_cmd_knobs)
+
+    f = sub.add_parser("fetch-model", help="Fetch, verify and cache a model.")
+    f.add_argument("name")
+    f.set_defaults(func=_cmd_fetch_model)
+
+    d = sub.add_parser("data", help="Build or show the data manifests.")
+    d.add_argument("action", choices=["build", "show"])
+    d.add_argument("tasks", nargs="*")
+    d.set_defaults(func=_cmd_data)
+
+    t = sub.add_parser("train", help="Run one training run (same code path as notebooks/10_train.ipynb).")
+    t.add_argument("--config", help="YAML file of run parameters.")
+    t.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="Override one parameter (repeatable).")
+    t.add_argument("--no-progress", action="store_true")
+    t.set_defaults(func=_cmd_train)
+
+    te = sub.add_parser("test-eval", help="Terminal test job: evaluate a checkpoint on the test split.")
+    te.add_argument("--study-dir", required=True)
+    te.add_argument("--run-id", required=True, help="A run directory, or initial-<task> for the initial model.")
+    te.add_argument("--task", required=True)
+    te.add_argument("--model", required=True, help="Checkpoint folder (<run>/final) or registry name.")
+    te.add_argument("--max-new-tokens", type=int, default=256)
+    te.add_argument("--problems", type=int, default=None)
+    te.add_argument("--device", default="auto")
+    te.set_defaults(func=_cmd_test_eval)
+
+    pl = sub.add_parser("plan", help="Validate a study preset and print its runs.")
+    pl.add_argument("preset", help="smoke, h200-mini, paper, or a path to a plan YAML.")
+    pl.add_argument("--json", action="store_true")
+    pl.set_defaults(func=_cmd_plan)
+
+    st = sub.add_parser("study", help="Run a study preset (skips complete runs, resumes partial ones).")
+    st.add_argument("preset")
+    st.add_argument("--phase", action="append", help="Only these phases (repeatable).")
+    st.add_argument("--jobs", type=int, default=1, help="CPU runs side by side.")
+    st.add_argument("--study-dir", default=None)
+    st.add_argument("--executor", choices=["papermill", "inprocess"], default=None)
+    st.set_defaults(func=_cmd_study)
+
+    au = sub.add_parser("audit", help="Reward audit: grade the initial model strict and flexible.")
+    au.add_argument("--task", default="gsm8k")
+    au.add_argument("--model", default="smollm2-135m-instruct")
+    au.add_argument("--problems", type=int, default=16)
+    au.add_argument("--max-new-tokens", type=int, default=256)
+    au.add_argument("--out-dir", default="runs/audit")
+    au.add_argument("--device", default="auto")
+    au.set_defaults(func=_cmd_audit)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileExistsError, FileNotFoundError) as exc:
+        print(f"grpo-knobs {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

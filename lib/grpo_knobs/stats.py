@@ -1,0 +1,399 @@
+"""Statistics for the study's comparisons, on plain NumPy arrays.
+
+Every function takes arrays whose shapes are stated in its docstring and
+returns small frozen dataclasses, in the spirit of ``rliable``: the analysis
+layer (``grpo_knobs.analysis``) turns run records into these arrays.
+
+Conventions
+-----------
+* Accuracies are fractions or percentages; a function never converts units
+  except ``paired_bootstrap``, whose outputs are in percentage points (pp)
+  because the study reports differences that way.
+* "Seeds" are independently trained models of one recipe; "problems" are the
+  held-out problems every model was graded on, aligned by problem ID.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from scipy import special
+
+# Float slack for "at or above target": accuracies are ratios of counts, and a
+# value printed as the target must count as reaching it.
+_TARGET_ATOL = 1e-9
+# Resamples drawn per chunk, so problem-index matrices stay small in memory.
+_CHUNK = 1_000
+
+
+# ---------------------------------------------------------------------------
+# Paired bootstrap over problems, jointly across seeds
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PairedBootstrap:
+    """Difference ``a - b`` in mean accuracy, in percentage points.
+
+    ``ci_low_pp``/``ci_high_pp`` bound a problem-resampling interval that is
+    conditional on the trained models: it measures uncertainty over problems,
+    not over training seeds. ``per_seed_diff_pp`` has shape [seeds].
+    """
+
+    mean_diff_pp: float
+    ci_low_pp: float
+    ci_high_pp: float
+    per_seed_diff_pp: np.ndarray
+    p_le_zero: float
+    n_resamples: int
+    confidence: float
+    method: str
+
+
+def _as_score_matrix(x: np.ndarray | Sequence, name: str) -> np.ndarray:
+    """Return ``x`` as a finite float array of shape [seeds, problems]."""
+    arr = np.asarray(x, dtype=float)
+    if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise ValueError(f"{name} must have shape [seeds, problems] with both > 0; got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} contains NaN or infinite scores")
+    return arr
+
+
+def _check_problem_ids(ids_a: Sequence | None, ids_b: Sequence | None, n_problems: int) -> None:
+    """Reject problem ID lists that would pair different problems."""
+    if ids_a is None and ids_b is None:
+        return
+    if ids_a is None or ids_b is None:
+        raise ValueError("pass problem_ids_a and problem_ids_b together, or neither")
+    ids_a, ids_b = list(ids_a), list(ids_b)
+    for name, ids in (("problem_ids_a", ids_a), ("problem_ids_b", ids_b)):
+        if len(ids) != n_problems:
+            raise ValueError(f"{name} has {len(ids)} IDs but the scores have {n_problems} problems")
+        if len(set(ids)) != len(ids):
+            dupes = sorted(str(i) for i, n in Counter(ids).items() if n > 1)[:5]
+            raise ValueError(f"{name} has duplicated problem IDs, e.g. {dupes}")
+    if set(ids_a) != set(ids_b):
+        only_a = sorted(map(str, set(ids_a) - set(ids_b)))[:5]
+        only_b = sorted(map(str, set(ids_b) - set(ids_a)))[:5]
+        raise ValueError(f"problem ID sets differ: only in a {only_a}, only in b {only_b}")
+    if ids_a != ids_b:
+        first = next(i for i, (x, y) in enumerate(zip(ids_a, ids_b)) if x != y)
+        raise ValueError(
+            f"problem IDs are in a different order (first mismatch at column {first}: "
+            f"{ids_a[first]!r} vs {ids_b[first]!r}); align both score matrices by problem ID"
+        )
+
+
+def _bootstrap_means(values: np.ndarray, n_resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """Means of ``values`` [problems] over ``n_resamples`` resamples of problem indices."""
+    n = values.shape[0]
+    out = np.empty(n_resamples)
+    for start in range(0, n_resamples, _CHUNK):
+        stop = min(start + _CHUNK, n_resamples)
+        idx = rng.integers(0, n, size=(stop - start, n))
+        out[start:stop] = values[idx].mean(axis=1)
+    return out
+
+
+def _bca_levels(boot: np.ndarray, values: np.ndarray, estimate: float, alpha: float) -> tuple[float, float]:
+    """Bias-corrected and accelerated percentile levels for the mean of ``values``.
+
+    Acceleration comes from the jackknife over problems; ``boot`` has shape
+    [n_resamples].
+    """
+    n = values.shape[0]
+    z0 = special.ndtri(np.mean(boot < estimate))
+    jack = (values.sum() - values) / (n - 1)
+    dev = jack.mean() - jack
+    denom = 6.0 * np.sum(dev**2) ** 1.5
+    accel = np.sum(dev**3) / denom if denom > 0 else 0.0
+    levels = []
+    for q in (alpha / 2, 1 - alpha / 2):
+        zq = special.ndtri(q)
+        levels.append(float(special.ndtr(z0 + (z0 + zq) / (1 - accel * (z0 + zq)))))
+    return levels[0], levels[1]
+
+
+def paired_bootstrap(
+    a: np.ndarray | Sequence,
+    b: np.ndarray | Sequence,
+    n_resamples: int = 10_000,
+    seed: int = 0,
+    confidence: float = 0.95,
+    problem_ids_a: Sequence | None = None,
+    problem_ids_b: Sequence | None = None,
+    method: str = "percentile",
+) -> PairedBootstrap:
+    """Paired bootstrap of mean accuracy ``a - b`` over problems, jointly across seeds.
+
+    ``a`` and ``b`` have shape [seeds, problems] with 0/1 (or fractional)
+    scores; row ``i`` of ``a`` is paired with row ``i`` of ``b`` and column
+    ``j`` is the same problem in both. Each resample draws problem indices once
+    and applies them to every seed of both recipes, so the interval reflects
+    which problems were sampled, conditional on these trained models.
+
+    Because every seed sees the same indices, the resampled statistic equals
+    the mean of the seed-averaged per-problem differences, which is what
+    ``scipy.stats.bootstrap`` would resample.
+
+    ``method`` is ``"percentile"`` (the study's) or ``"bca"``.
+    Raises ValueError for misaligned inputs.
+    """
+    a_arr = _as_score_matrix(a, "a")
+    b_arr = _as_score_matrix(b, "b")
+    if a_arr.shape != b_arr.shape:
+        raise ValueError(f"a and b must have the same [seeds, problems] shape; got {a_arr.shape} and {b_arr.shape}")
+    _check_problem_ids(problem_ids_a, problem_ids_b, a_arr.shape[1])
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1); got {confidence}")
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be positive; got {n_resamples}")
+    if method not in ("percentile", "bca"):
+        raise ValueError(f"method must be 'percentile' or 'bca'; got {method!r}")
+
+    diffs = a_arr - b_arr  # [seeds, problems]
+    per_problem = diffs.mean(axis=0)  # [problems]
+    estimate = float(per_problem.mean())
+    boot = _bootstrap_means(per_problem, n_resamples, np.random.default_rng(seed))
+
+    alpha = 1.0 - confidence
+    levels = (alpha / 2, 1 - alpha / 2)
+    if method == "bca":
+        levels = _bca_levels(boot, per_problem, estimate, alpha)
+    low, high = np.percentile(boot, [100 * levels[0], 100 * levels[1]])
+    return PairedBootstrap(
+        mean_diff_pp=100 * estimate,
+        ci_low_pp=100 * float(low),
+        ci_high_pp=100 * float(high),
+        per_seed_diff_pp=100 * diffs.mean(axis=1),
+        p_le_zero=float(np.mean(boot <= 0)),
+        n_resamples=n_resamples,
+        confidence=confidence,
+        method=method,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Time to target, as observation brackets with right censoring
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TimeToTarget:
+    """When a run first reached ``target``, as a bracket between evaluations.
+
+    Evaluations are discrete, so the crossing lies in ``(previous evaluation,
+    first evaluation at or above target]``. Bracket fields are None when the
+    run never reached the target; it is then right-censored at
+    ``censored_at`` responses and must be reported as "not reached by N",
+    never as N. A target already met by the first evaluation collapses the
+    bracket to that point (low == high).
+    """
+
+    target: float
+    reached: bool
+    responses_low: float | None
+    responses_high: float | None
+    active_seconds_low: float | None
+    active_seconds_high: float | None
+    job_seconds_low: float | None
+    job_seconds_high: float | None
+    censored_at: float | None
+
+    def describe(self, unit: str = "responses") -> str:
+        """Human-readable bracket in ``unit`` (responses, active_seconds, job_seconds)."""
+        if not self.reached:
+            return f"not reached by {_fmt_number(self.censored_at)} responses"
+        low, high = getattr(self, f"{unit}_low"), getattr(self, f"{unit}_high")
+        if low is None:
+            return "n/a"
+        return f"({_fmt_number(low)}, {_fmt_number(high)}]"
+
+
+def _fmt_number(x: float | None) -> str:
+    """Integers without decimals, other values with one decimal."""
+    if x is None:
+        return "n/a"
+    return f"{x:,.0f}" if float(x).is_integer() else f"{x:,.1f}"
+
+
+def _optional_axis(values: np.ndarray | Sequence | None, n: int, name: str) -> np.ndarray | None:
+    """Validate an optional time axis aligned with the evaluation points."""
+    if values is None:
+        return None
+    arr = np.asarray(values, dtype=float)
+    if arr.shape != (n,):
+        raise ValueError(f"{name} must have shape [{n}] like responses; got {arr.shape}")
+    return arr
+
+
+def time_to_target(
+    responses: np.ndarray | Sequence,
+    accuracy: np.ndarray | Sequence,
+    target: float,
+    active_seconds: np.ndarray | Sequence | None = None,
+    job_seconds: np.ndarray | Sequence | None = None,
+) -> TimeToTarget:
+    """Bracket the first evaluation at or above ``target``.
+
+    ``responses``, ``accuracy`` and the optional ``active_seconds`` /
+    ``job_seconds`` have shape [eval_points], ordered by strictly increasing
+    cumulative responses. ``target`` is in the units of ``accuracy``. A run
+    that never reaches it stays censored at its last evaluation.
+    """
+    resp = np.asarray(responses, dtype=float)
+    acc = np.asarray(accuracy, dtype=float)
+    if resp.ndim != 1 or resp.size == 0 or acc.shape != resp.shape:
+        raise ValueError(f"responses and accuracy must be 1-D and equally long; got {resp.shape} and {acc.shape}")
+    if np.any(np.diff(resp) <= 0):
+        raise ValueError("responses must be strictly increasing evaluation points")
+    if not np.all(np.isfinite(acc)):
+        raise ValueError("accuracy contains NaN or infinite values")
+    active = _optional_axis(active_seconds, resp.size, "active_seconds")
+    job = _optional_axis(job_seconds, resp.size, "job_seconds")
+
+    hits = np.flatnonzero(acc >= target - _TARGET_ATOL)
+    if hits.size == 0:
+        return TimeToTarget(target, False, None, None, None, None, None, None, float(resp[-1]))
+    hi = int(hits[0])
+    lo = max(hi - 1, 0)
+
+    def pick(axis: np.ndarray | None) -> tuple[float | None, float | None]:
+        return (None, None) if axis is None else (float(axis[lo]), float(axis[hi]))
+
+    return TimeToTarget(target, True, float(resp[lo]), float(resp[hi]), *pick(active), *pick(job), None)
+
+
+@dataclass(frozen=True)
+class TimeToTargetSummary:
+    """Time to target across the seeds of one recipe.
+
+    Ranges span the reached runs' brackets: ``*_low_min`` is the earliest
+    bracket start and ``*_high_max`` the latest bracket end. ``censored_at``
+    lists, per censored run, the responses it was censored at.
+    """
+
+    target: float
+    n_runs: int
+    n_reached: int
+    responses_low_min: float | None
+    responses_high_max: float | None
+    active_seconds_low_min: float | None
+    active_seconds_high_max: float | None
+    job_seconds_low_min: float | None
+    job_seconds_high_max: float | None
+    censored_at: tuple[float, ...]
+
+    def describe(self, unit: str = "responses") -> str:
+        """E.g. "2/3 reached within (4,096, 12,288]; 1 not reached by 32,768 responses"."""
+        parts = [f"{self.n_reached}/{self.n_runs} reached"]
+        if self.n_reached:
+            low, high = getattr(self, f"{unit}_low_min"), getattr(self, f"{unit}_high_max")
+            if low is not None:
+                parts[0] += f" within ({_fmt_number(low)}, {_fmt_number(high)}]"
+        for n_resp in sorted(set(self.censored_at)):
+            count = self.censored_at.count(n_resp)
+            parts.append(f"{count} not reached by {_fmt_number(n_resp)} responses")
+        return "; ".join(parts)
+
+
+def summarize_time_to_target(results: Sequence[TimeToTarget]) -> TimeToTargetSummary:
+    """Summarize per-seed brackets of one recipe and one target."""
+    if not results:
+        raise ValueError("summarize_time_to_target needs at least one result")
+    targets = {r.target for r in results}
+    if len(targets) != 1:
+        raise ValueError(f"results mix targets {sorted(targets)}; summarize one target at a time")
+    reached = [r for r in results if r.reached]
+
+    def span(unit: str) -> tuple[float | None, float | None]:
+        lows = [getattr(r, f"{unit}_low") for r in reached]
+        highs = [getattr(r, f"{unit}_high") for r in reached]
+        if not reached or any(v is None for v in lows + highs):
+            return None, None
+        return min(lows), max(highs)
+
+    return TimeToTargetSummary(
+        target=targets.pop(),
+        n_runs=len(results),
+        n_reached=len(reached),
+        responses_low_min=span("responses")[0],
+        responses_high_max=span("responses")[1],
+        active_seconds_low_min=span("active_seconds")[0],
+        active_seconds_high_max=span("active_seconds")[1],
+        job_seconds_low_min=span("job_seconds")[0],
+        job_seconds_high_max=span("job_seconds")[1],
+        censored_at=tuple(r.censored_at for r in results if not r.reached),
+    )
+
+
+# ---------------------------------------------------------------------------
+# Group size: mixed reward groups
+# ---------------------------------------------------------------------------
+def mixed_group_probability(p: np.ndarray | float, G: np.ndarray | int) -> np.ndarray:
+    """Chance that ``G`` independent binary rewards with success ``p`` are not all equal.
+
+    ``1 - p**G - (1 - p)**G``; ``p`` and ``G`` broadcast against each other.
+    Only mixed groups carry a relative learning signal after the group mean is
+    subtracted.
+    """
+    p_arr = np.asarray(p, dtype=float)
+    g_arr = np.asarray(G)
+    if np.any((p_arr < 0) | (p_arr > 1)):
+        raise ValueError("p must lie in [0, 1]")
+    if np.any(g_arr < 1) or not np.all(np.equal(np.mod(g_arr, 1), 0)):
+        raise ValueError("G must be a positive integer group size")
+    return 1.0 - p_arr**g_arr - (1.0 - p_arr) ** g_arr
+
+
+def mixed_group_fraction(rewards: np.ndarray | Sequence) -> float:
+    """Share of groups whose rewards are not all equal.
+
+    ``rewards`` has shape [groups, G]: one row per prompt, one column per
+    sampled answer, as recorded in a collection.
+    """
+    arr = np.asarray(rewards, dtype=float)
+    if arr.ndim != 2 or arr.shape[0] == 0:
+        raise ValueError(f"rewards must have shape [groups, G] with groups > 0; got {arr.shape}")
+    return float(np.mean(np.ptp(arr, axis=1) > 0))
+
+
+# ---------------------------------------------------------------------------
+# Seed ranges and curve areas
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SeedSummary:
+    """Mean and observed range across seeds; each field has shape [points]."""
+
+    mean: np.ndarray
+    min: np.ndarray
+    max: np.ndarray
+
+
+def seed_summary(values: np.ndarray | Sequence) -> SeedSummary:
+    """Mean, min and max across seeds at every evaluation point.
+
+    ``values`` has shape [seeds, points]. The study draws dots at the mean and
+    vertical lines over the observed min-max range (not a confidence band).
+    """
+    arr = np.asarray(values, dtype=float)
+    if arr.ndim != 2 or arr.shape[0] == 0:
+        raise ValueError(f"values must have shape [seeds, points] with seeds > 0; got {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError("values contain NaN: every seed needs every evaluation point")
+    return SeedSummary(arr.mean(axis=0), arr.min(axis=0), arr.max(axis=0))
+
+
+def sample_auc(responses: np.ndarray | Sequence, accuracy: np.ndarray | Sequence) -> float:
+    """Area under accuracy over cumulative responses, divided by the response span.
+
+    Trapezoidal rule on [eval_points] arrays; the result is a time-averaged
+    accuracy in the units of ``accuracy`` (the study's ``sample_auc``).
+    """
+    resp = np.asarray(responses, dtype=float)
+    acc = np.asarray(accuracy, dtype=float)
+    if resp.ndim != 1 or resp.size < 2 or acc.shape != resp.shape:
+        raise ValueError("sample_auc needs at least two aligned evaluation points")
+    if np.any(np.diff(resp) <= 0):
+        raise ValueError("responses must be strictly increasing evaluation points")
+    return float(np.trapezoid(acc, resp) / (resp[-1] - resp[0]))
