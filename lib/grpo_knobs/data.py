@@ -11,10 +11,19 @@ Tasks (see :data:`TASKS`, :func:`list_tasks`, :func:`task_info`):
 * ``gsm8k``: the 7,473 training and 1,319 test problems. Seed 1729 draws 512
   validation problems from train; the remaining 6,961 form the ``train`` pool
   and the official test set is ``test``.
-* ``countdown``: 3-4 numbers from 1-99, a local stand-in for the study's hub
-  data, with the study's validation (512) and test (1,024) sizes.
+* ``countdown``: 3-4 numbers from 1-99 with the study's validation (512) and
+  test (1,024) sizes and a 20,000-problem train pool. It is a local stand-in
+  for the study's hub data (:func:`load_countdown_hub`): each target is the
+  value of a random expression over the numbers, kept in 1-999, so its
+  difficulty is not calibrated to the hub's.
 * ``countdown-2x10``, ``countdown-2x20``, ``countdown-3x10``: small variants
-  for small models, whose whole instance space is enumerated and split.
+  for small models. Their instance spaces are small (170, 654 and 3,130
+  distinct (sorted numbers, positive integer target) pairs), so every
+  instance is enumerated, shuffled with the seed and split; the train pool
+  is everything not held out. ``countdown-2x10`` holds out 50 + 50 of its 170.
+
+Every Countdown instance is solvable: ``solution`` holds one expression that
+uses each number once and evaluates (exactly, over rationals) to the target.
 """
 
 from __future__ import annotations
@@ -73,6 +82,14 @@ class GSM8KTask:
     validation_size: int = 512
     seed: int = SPLIT_SEED
     family: str = "gsm8k"
+
+    def params(self) -> dict:
+        """The split rule and hub pin recorded in :func:`task_info`."""
+        return {
+            "validation_size": self.validation_size,
+            "seed": self.seed,
+            "hub": {"id": GSM8K_HUB_ID, "config": GSM8K_HUB_CONFIG, "revision": GSM8K_HUB_REVISION},
+        }
 
 
 @dataclass(frozen=True)
@@ -197,7 +214,7 @@ def task_info(task: str) -> dict:
         "task": task,
         "family": spec.family,
         "description": spec.description,
-        "params": spec.params() if isinstance(spec, CountdownVariant) else asdict(spec),
+        "params": spec.params(),
         "rows": {split: entry["rows"] for split, entry in splits.items()},
         "sha256": {split: entry["sha256"] for split, entry in splits.items()},
     }
@@ -242,7 +259,8 @@ def problems_sha256(problems: list[Problem]) -> str:
     """sha256 of the canonical serialization: one sorted-key JSON object per line."""
     digest = hashlib.sha256()
     for problem in problems:
-        line = json.dumps(asdict(problem), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        row = asdict(problem)
+        line = json.dumps(row, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         digest.update(line.encode("utf-8") + b"\n")
     return digest.hexdigest()
 
@@ -310,17 +328,11 @@ def _relative_to_repo(path: Path) -> str:
 
 
 def _load_gsm8k_rows(data_dir) -> tuple[list[dict], list[dict], dict]:
-    """Raw train and test rows plus a description of where they came from."""
+    """Raw train and test rows plus where they came from (local paths or hub pin)."""
     directory = resolve_gsm8k_dir(data_dir)
     if directory is not None:
         train_path, test_path = _gsm8k_files(directory)
-        source = {
-            "kind": "local",
-            "files": {
-                name: {"path": _relative_to_repo(path), "sha256": _sha256_file(path)}
-                for name, path in (("train", train_path), ("test", test_path))
-            },
-        }
+        source = {"kind": "local", "paths": {"train": train_path, "test": test_path}}
         return _read_jsonl(train_path), _read_jsonl(test_path), source
     try:
         train, test = _load_gsm8k_hub()
@@ -412,27 +424,36 @@ def gsm8k_splits(
 # Countdown ---------------------------------------------------------------------
 
 Instance = tuple[tuple[int, ...], int, str]  # numbers, target, reference expression
+MAX_SAMPLING_MISSES = 100_000
 
 
-def _combine(operator: str, left: Fraction, right: Fraction) -> Fraction | None:
+Value = Union[int, Fraction]
+
+
+def _combine(operator: str, left: Value, right: Value) -> Value | None:
+    """Exact arithmetic that stays in ``int`` until a division needs a Fraction."""
     if operator == "+":
         return left + right
     if operator == "-":
         return left - right
     if operator == "*":
         return left * right
-    return None if right == 0 else left / right
+    if right == 0:
+        return None
+    if isinstance(left, int) and isinstance(right, int) and left % right == 0:
+        return left // right
+    return Fraction(left) / right
 
 
-def reachable(numbers: tuple[int, ...], operators: str = "+-*/") -> dict[Fraction, str]:
+def reachable(numbers: tuple[int, ...], operators: str = "+-*/") -> dict[Value, str]:
     """Every value an expression using each number exactly once can take.
 
     Maps each value to one expression reaching it (the first found, so the
     choice is deterministic). Exhaustive, so only for a handful of numbers.
     """
     if len(numbers) == 1:
-        return {Fraction(numbers[0]): str(numbers[0])}
-    values: dict[Fraction, str] = {}
+        return {numbers[0]: str(numbers[0])}
+    values: dict[Value, str] = {}
     indices = range(len(numbers))
     for mask in range(1, (1 << len(numbers)) - 1):
         left = reachable(tuple(numbers[i] for i in indices if mask >> i & 1), operators)
@@ -451,9 +472,9 @@ def _wrap(expression: str) -> str:
 
 def _random_expression(
     rng: random.Random, numbers: list[int], operators: str
-) -> tuple[Fraction, str] | None:
+) -> tuple[Value, str] | None:
     """Combine random pairs with random operators until one expression is left."""
-    items = [(Fraction(n), str(n)) for n in numbers]
+    items: list[tuple[Value, str]] = [(n, str(n)) for n in numbers]
     while len(items) > 1:
         left = items.pop(rng.randrange(len(items)))
         right = items.pop(rng.randrange(len(items)))
@@ -465,7 +486,7 @@ def _random_expression(
     return items[0]
 
 
-def _in_range(value: Fraction, bounds: tuple[int, int]) -> bool:
+def _in_range(value: Value, bounds: tuple[int, int]) -> bool:
     return value.denominator == 1 and bounds[0] <= value <= bounds[1] and value > 0
 
 
@@ -474,20 +495,22 @@ def _sampled_instances(spec: CountdownVariant) -> Iterator[Instance]:
     rng = random.Random(spec.seed)
     seen: set[tuple[tuple[int, ...], int]] = set()
     low, high = spec.number_range
-    while True:
+    misses = 0
+    while misses < MAX_SAMPLING_MISSES:
         numbers = [rng.randint(low, high) for _ in range(rng.choice(spec.counts))]
         result = _random_expression(rng, numbers, spec.operators)
+        misses += 1
         if result is None or not _in_range(result[0], spec.target_range):
             continue
         key = (tuple(sorted(numbers)), int(result[0]))
         if key not in seen:
             seen.add(key)
-            yield tuple(numbers), int(result[0]), _unwrap(result[1])
-
-
-def _unwrap(expression: str) -> str:
-    """Drop the outermost parentheses the expression builder adds."""
-    return expression
+            misses = 0
+            yield tuple(numbers), int(result[0]), result[1]
+    raise ValueError(
+        f"{spec.name}: no new instance in {MAX_SAMPLING_MISSES} draws; the instance "
+        "space is too small for sampling, use method='enumerate'"
+    )
 
 
 def _enumerated_instances(spec: CountdownVariant) -> list[Instance]:
@@ -504,10 +527,15 @@ def _enumerated_instances(spec: CountdownVariant) -> list[Instance]:
                     instances.append((numbers, int(value), expression))
     rng = random.Random(spec.seed)
     rng.shuffle(instances)
-    return [(tuple(rng.sample(numbers, len(numbers))), target, expr) for numbers, target, expr in instances]
+    return [
+        (tuple(rng.sample(numbers, len(numbers))), target, expression)
+        for numbers, target, expression in instances
+    ]
 
 
-def _countdown_problem(spec: CountdownVariant, split: str, index: int, width: int, instance: Instance) -> Problem:
+def _countdown_problem(
+    spec: CountdownVariant, split: str, index: int, width: int, instance: Instance
+) -> Problem:
     numbers, target, expression = instance
     return Problem(
         id=f"{spec.name}-{split}-{index:0{width}d}",
@@ -609,8 +637,8 @@ def load_countdown_hub(
 # Manifests ---------------------------------------------------------------------
 
 
-def _manifest_path(task: str, directory: Path = MANIFEST_DIR) -> Path:
-    return Path(directory) / f"{task}.json"
+def _manifest_path(task: str, directory: str | os.PathLike | None = None) -> Path:
+    return Path(directory if directory is not None else MANIFEST_DIR) / f"{task}.json"
 
 
 def _read_manifest(task: str, required: bool = True) -> dict | None:
@@ -644,16 +672,17 @@ def _source_entries(spec: TaskSpec, data_dir) -> tuple[dict[str, tuple[Problem, 
         return countdown_splits(spec), {split: source for split in SPLITS}
     splits, source = gsm8k_splits(spec, data_dir)
     rule = {"seed": spec.seed, "validation_size": spec.validation_size}
-    if source["kind"] == "local":
-        files = source["files"]
-        per_split = {
-            "train": {"kind": "local", "files": files, "rule": "train rows not in validation", **rule},
-            "validation": {"kind": "local", "files": files, "rule": _VALIDATION_RULE, **rule},
-            "test": {"kind": "local", "files": {"test": files["test"]}},
-        }
-    else:
-        per_split = {split: {**source, **rule} for split in SPLITS}
-    return splits, per_split
+    if source["kind"] == "hub":
+        return splits, {split: {**source, **rule} for split in SPLITS}
+    files = {
+        name: {"path": _relative_to_repo(path), "sha256": _sha256_file(path)}
+        for name, path in source["paths"].items()
+    }
+    return splits, {
+        "train": {"kind": "local", "files": files, "rule": "train rows not in validation", **rule},
+        "validation": {"kind": "local", "files": files, "rule": _VALIDATION_RULE, **rule},
+        "test": {"kind": "local", "files": {"test": files["test"]}},
+    }
 
 
 _VALIDATION_RULE = (
@@ -688,7 +717,7 @@ def build_manifests(
                 for split in SPLITS
             },
         }
-        path = _manifest_path(task, Path(out_dir))
+        path = _manifest_path(task, out_dir)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         written.append(path)

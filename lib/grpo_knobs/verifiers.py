@@ -40,6 +40,9 @@ FLEXIBLE_TAIL_CHARS = 300
 MAX_NUMBER_CHARS = 64
 """Longer numeric tokens are not answers; this also keeps ``int()`` cheap."""
 
+MAX_MARKERS = 16
+"""At most the last 16 ``####`` markers are examined, so runs of ``#`` stay cheap."""
+
 MAX_BOXED_CHARS = 256
 MAX_BOXED_CANDIDATES = 16
 """A ``\\boxed{`` whose closing brace is further away than 256 characters is
@@ -54,8 +57,7 @@ _NUMBER = (
     r"(?:/[0-9]+)?"
 )
 _NUMBER_RE = re.compile(_NUMBER)
-# Greedy ``.*`` anchored at the start finds the last marker in one linear pass.
-_LAST_MARKER_RE = re.compile(r".*####[ \t]*(" + _NUMBER + ")", re.DOTALL)
+_AFTER_MARKER_RE = re.compile(r"[ \t]{0,16}(" + _NUMBER + ")")
 _LATEX_FRAC_RE = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
 
 
@@ -90,8 +92,16 @@ def _last_number(text: str) -> Fraction | None:
 
 def _marker_answer(response: str) -> Fraction | None:
     """The number after the last ``####`` marker that is followed by one."""
-    match = _LAST_MARKER_RE.match(response)
-    return parse_number(match.group(1)) if match else None
+    end = len(response)
+    for _ in range(MAX_MARKERS):
+        start = response.rfind("####", 0, end)
+        if start == -1:
+            return None
+        match = _AFTER_MARKER_RE.match(response, start + 4)
+        if match:
+            return parse_number(match.group(1))
+        end = start
+    return None
 
 
 def _boxed_contents(response: str) -> Iterable[str]:
@@ -165,9 +175,11 @@ MAX_EXPRESSION_CHARS = 200
 MAX_NESTING = 20
 """Parentheses plus unary minus deeper than this are rejected, not recursed."""
 
+MAX_UNTAGGED_CHARS = 20_000
 MAX_UNTAGGED_RUNS = 1000
 MAX_UNTAGGED_PARSES = 64
-"""Untagged scanning stops after this many candidate runs or parse attempts,
+"""Untagged scanning reads the final 20,000 characters (a 1,024-token response
+is far shorter) and stops after 1,000 candidate runs or 64 parse attempts,
 which bounds the work on hostile text while covering any real response."""
 
 _LAST_ANSWER_OPEN_RE = re.compile(r".*<answer>", re.IGNORECASE | re.DOTALL)
@@ -290,7 +302,9 @@ def parse_expression(text: str) -> Expression | None:
     """Parse ``expr`` or ``expr = rhs`` (at most 200 characters), else None.
 
     Only ASCII integers, ``+ - * /``, parentheses and whitespace are allowed;
-    ``**``, ``^``, decimals and any other character make it unparseable.
+    ``**``, ``^``, decimals and any other character make it unparseable. A
+    trailing period is dropped, and ``expr =`` with nothing after the sign
+    reads as ``expr``.
     """
     text = text.strip().rstrip(".").rstrip()
     if not text or len(text) > MAX_EXPRESSION_CHARS or text.count("=") > 1:
@@ -318,7 +332,7 @@ def _tagged(response: str) -> str | None:
 
 def _untagged(response: str) -> str | None:
     """The last run of expression characters that parses with two or more numbers."""
-    reversed_text, parses = response[::-1], 0
+    reversed_text, parses = response[: -MAX_UNTAGGED_CHARS - 1 : -1], 0
     for runs, match in enumerate(_REVERSED_RUN_RE.finditer(reversed_text)):
         if runs >= MAX_UNTAGGED_RUNS or parses >= MAX_UNTAGGED_PARSES:
             return None
