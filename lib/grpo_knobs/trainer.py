@@ -161,7 +161,8 @@ class Trainer:
                                                weight_decay=cfg.weight_decay, eps=1e-8)
             engine_kw: dict[str, Any] = {"device": self.device}
             if cfg.engine == "hf":
-                engine_kw.update(max_batch_size=cfg.generation_batch_size, fast=cfg.fast_rollout)
+                engine_kw.update(max_batch_size=cfg.generation_batch_size,
+                                 fast={"auto": "auto", "on": True, "off": False}[cfg.fast_rollout])
             else:
                 engine_kw.update(url=cfg.engine_url)
             self.engine = make_engine(cfg.engine, self.model, self.tokenizer, **engine_kw)
@@ -265,7 +266,7 @@ class Trainer:
                 update_responses=len(idx), update_tokens=update_tokens,
                 ref_logp=pad([ref_logp[i] for i in mb_idx]) if ref_logp is not None else None, kl_coef=cfg.kl_coef)
             terms.loss.backward()
-            loss_total += float(terms.loss)
+            loss_total += float(terms.loss.detach())
             ratio_max = max(ratio_max, terms.ratio_max)
             for k in totals:
                 totals[k] += getattr(terms, k)
@@ -296,11 +297,11 @@ class Trainer:
 
     # ----------------------------------------------------------------- resume
     def save_resume_state(self, collections_done: int, counters: dict) -> None:
-        from safetensors.torch import save_file
+        from safetensors.torch import save_model
         with self.clock.phase("checkpoint"):
             tmp = self.run.path / ".resume.tmp"
             tmp.mkdir(exist_ok=True)
-            save_file({k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}, str(tmp / "model.safetensors"))
+            save_model(self.model, str(tmp / "model.safetensors"))  # handles tied embeddings
             torch.save({"optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
                         "numpy_rng": np.random.get_state()}, tmp / "optimizer.pt")
             atomic_write_json(tmp / "state.json", {"collections_done": collections_done, "counters": counters,
@@ -315,13 +316,13 @@ class Trainer:
                 shutil.rmtree(old)
 
     def load_resume_state(self) -> tuple[int, dict]:
-        from safetensors.torch import load_file
+        from safetensors.torch import load_model
         from .records import read_json
         path = self.run.resume_path
         if not (path / "state.json").exists():
             return 0, {}
         state = read_json(path / "state.json")
-        self.model.load_state_dict(load_file(str(path / "model.safetensors"), device=str(self.device)))
+        load_model(self.model, str(path / "model.safetensors"), device=str(self.device))
         extra = torch.load(path / "optimizer.pt", weights_only=False, map_location=self.device)
         self.optimizer.load_state_dict(extra["optimizer"])
         torch.set_rng_state(extra["torch_rng"])

@@ -1,0 +1,148 @@
+"""End-to-end training runs with tiny budgets: records, accounting, resume and refusal to overwrite."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from grpo_knobs.config import RunConfig
+from grpo_knobs.records import COLLECTION_FIELDS, EVAL_COLUMNS, TIMING_FIELDS, RunDir, RunExistsError
+from grpo_knobs.trainer import Trainer, train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_cfg(tmp_path, **kw) -> RunConfig:
+    base = dict(task="countdown-2x10", model="tiny-random", rollout_batch_size=4, n_samples_per_prompt=4,
+                global_batch_size=8, response_budget=48, eval_every_responses=32, eval_problems=4,
+                max_new_tokens=8, lr=1e-3, seed=3, output_dir=str(tmp_path / "study"), run_id="tiny",
+                max_tokens_per_micro_batch=64, device="cpu")
+    return RunConfig(**(base | kw))
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    cfg = tiny_cfg(tmp_path_factory.mktemp("run"))
+    return cfg, RunDir(train(cfg, progress=False))
+
+
+def test_run_records_follow_the_schema_and_the_plan(tiny_run):
+    cfg, run = tiny_run
+    assert run.state()["status"] == "complete" and run.state()["collections_done"] == 3
+    rows = run.collections()
+    assert [r["collection"] for r in rows] == [0, 1, 2]
+    for r in rows:
+        assert set(COLLECTION_FIELDS) <= set(r)
+        assert r["prompts"] == 4 and len(r["per_update"]) == 2  # S = 4 x 4 / 8
+        assert 0.0 <= r["mixed_group_fraction"] <= 1.0 and 0.0 <= r["truncation_fraction"] <= 1.0
+        assert r["response_length_max"] <= cfg.max_new_tokens
+        for u in r["per_update"]:
+            assert u["micro_batches"] >= 1 and u["grad_norm"] >= 0
+    assert [r["responses"] for r in rows] == [16, 32, 48]
+    assert [r["updates"] for r in rows] == [2, 4, 6]
+    assert rows[-1]["output_tokens_cum"] == sum(r["output_tokens"] for r in rows)
+    assert rows[-1]["distinct_prompts"] <= 12
+
+    ev = run.evals()
+    assert list(ev.columns) == list(EVAL_COLUMNS)
+    assert sorted(ev["responses"].unique()) == cfg.eval_points == [0, 32, 48]
+    assert (ev.groupby("responses").size() == 4).all()
+    assert set(ev["split"]) == {"validation"}
+    assert ev.loc[ev.responses == 48, "updates"].iloc[0] == 6
+
+    t = json.loads(run.timings_path.read_text())
+    assert set(TIMING_FIELDS) <= set(t)
+    assert t["active_phase"] == pytest.approx(t["generation"] + t["trainer"] + t["sync"])
+    assert t["other"] == pytest.approx(t["job"] - sum(t[k] for k in ("generation", "trainer", "sync", "evaluation", "checkpoint", "init")))
+    assert t["generation"] > 0 and t["trainer"] > 0
+
+    conf = json.loads(run.config_path.read_text())
+    assert conf["plan"]["num_steps_per_rollout"] == 2 and conf["plan"]["collections"] == 3
+    assert conf["config"]["seed"] == 3
+    assert set(conf["data"]["splits"]) >= {"train", "validation", "test"}
+    assert len(conf["model"]["sha256"]) == 64
+    assert conf["packages"]["torch"] and "git_commit" in conf
+    assert (run.final_path / "model.safetensors").exists()
+
+
+def test_a_rerun_never_overwrites(tiny_run):
+    cfg, run = tiny_run
+    before = run.collections_path.read_bytes()
+    with pytest.raises(RunExistsError, match="resume=True"):
+        train(cfg, progress=False)
+    resumed = RunConfig(**(cfg.to_dict() | {"resume": True}))
+    train(resumed, progress=False)  # already complete: nothing to do
+    assert run.collections_path.read_bytes() == before
+
+
+def test_one_seed_fixes_the_run(tiny_run, tmp_path):
+    cfg, run = tiny_run
+    again = RunDir(train(RunConfig(**(cfg.to_dict() | {"output_dir": str(tmp_path)})), progress=False))
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("seconds", "active_seconds", "job_seconds", "per_update")}
+                          for r in rows]
+    assert strip(again.collections()) == strip(run.collections())
+    cols = ["responses", "problem_id", "correct", "response_length"]
+    pd.testing.assert_frame_equal(again.evals()[cols], run.evals()[cols])
+
+
+class _Crash(RuntimeError):
+    pass
+
+
+class CrashingTrainer(Trainer):
+    """Fails during collection 2, as a killed or crashed job would."""
+
+    def collect(self, collection):
+        if collection == 2:
+            raise _Crash("injected failure")
+        return super().collect(collection)
+
+
+def test_resume_continues_from_the_last_saved_collection_and_matches(tiny_run, tmp_path):
+    cfg, run = tiny_run
+    crash_cfg = RunConfig(**(cfg.to_dict() | {"output_dir": str(tmp_path), "resume_every_collections": 1}))
+    with pytest.raises(_Crash):
+        CrashingTrainer(crash_cfg, progress=False).run_loop()
+    partial = RunDir(crash_cfg.run_dir)
+    assert partial.state()["status"] == "failed" and "injected failure" in partial.state()["error"]
+    assert len(partial.collections()) == 2  # finished collections survive the crash
+    train(RunConfig(**(crash_cfg.to_dict() | {"resume": True})), progress=False)
+    assert partial.state()["status"] == "complete"
+    keys = ("collection", "responses", "updates", "reward_mean", "output_tokens")
+    assert [[r[k] for k in keys] for r in partial.collections()] == [[r[k] for k in keys] for r in run.collections()]
+    assert sorted(partial.evals()["responses"].unique()) == [0, 32, 48]
+    assert not partial.resume_path.exists()
+
+
+@pytest.mark.slow
+def test_smollm2_run_through_papermill(tmp_path):
+    import papermill as pm
+    out = tmp_path / "10_train.ipynb"
+    params = dict(task="countdown-2x10", model="smollm2-135m-instruct", rollout_batch_size=2, n_samples_per_prompt=4,
+                  global_batch_size=4, response_budget=16, eval_every_responses=8, eval_problems=4,
+                  max_new_tokens=24, lr=1e-5, seed=1, output_dir=str(tmp_path / "study"), run_id="smol", device="cpu")
+    pm.execute_notebook(str(ROOT / "notebooks" / "10_train.ipynb"), str(out), parameters=params, cwd=str(ROOT),
+                        progress_bar=False, kernel_name="python3")
+    run = RunDir(tmp_path / "study" / "smol")
+    assert run.is_complete()
+    rows = run.collections()
+    assert [r["responses"] for r in rows] == [8, 16] and [r["updates"] for r in rows] == [2, 4]
+    assert sorted(run.evals()["responses"].unique()) == [0, 8, 16]
+    assert json.loads(run.config_path.read_text())["model"]["name"] == "smollm2-135m-instruct"
+    executed = json.loads(out.read_text())
+    assert any("consumed as S=2 updates of B=4" in "".join(o.get("text", "")) for c in executed["cells"]
+               for o in c.get("outputs", []))
+
+
+def test_terminal_test_job_writes_test_rows(tiny_run):
+    from grpo_knobs.evaluation import run_test_job
+    cfg, run = tiny_run
+    path = run_test_job(run.path.parent, {"run_id": cfg.resolved_run_id, "task": cfg.task, "model": str(run.final_path),
+                                          "max_new_tokens": 8, "problems": 5, "device": "cpu"})
+    df = pd.read_parquet(path)
+    assert list(df.columns) == list(EVAL_COLUMNS) and len(df) == 5 and set(df.split) == {"test"}
+    assert df.problem_id.str.contains("-test-").all()
+    with pytest.raises(FileExistsError):
+        run_test_job(run.path.parent, {"run_id": cfg.resolved_run_id, "task": cfg.task, "model": str(run.final_path),
+                                       "max_new_tokens": 8, "problems": 5, "device": "cpu"})
