@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from scipy import stats as sps
 
 from grpo_knobs.stats import (
@@ -157,6 +159,22 @@ def test_time_to_target_rejects_unsorted_points_and_bad_axes():
         time_to_target([0, 8192, 4096], [0, 1, 1], 0.5)
     with pytest.raises(ValueError, match="shape"):
         time_to_target(RESP, [0.1] * 5, 0.5, active_seconds=[1, 2])
+
+
+@given(st.lists(st.integers(0, 64), min_size=1, max_size=12), st.integers(0, 65))
+def test_time_to_target_bracket_is_the_first_crossing(counts, target_count):
+    responses = np.arange(len(counts)) * 1024
+    accuracy = np.array(counts) / 64
+    target = target_count / 64
+    res = time_to_target(responses, accuracy, target)
+    if res.reached:
+        first = int(np.flatnonzero(accuracy >= target)[0])
+        assert res.responses_high == responses[first]
+        assert res.responses_low == responses[max(first - 1, 0)]
+        assert res.censored_at is None
+    else:
+        assert (accuracy < target).all() and res.censored_at == responses[-1]
+        assert res.responses_low is None and res.responses_high is None
 
 
 def test_summarize_time_to_target_keeps_censoring():

@@ -1,0 +1,299 @@
+"""The figure helpers the analysis notebooks share.
+
+Each ``*_figure`` function takes the frames built in :mod:`grpo_knobs.analysis`
+and returns a Matplotlib figure; :func:`save_figure` writes it as PNG and SVG
+under a stable name with metadata stripped, so re-running a notebook on the
+same records rewrites identical files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import matplotlib as mpl
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from grpo_knobs import stats
+
+# x-axes of the learning curves: column in the curve summary -> (label, scale).
+CURVE_AXES = {
+    "responses": ("Cumulative training responses", 1.0),
+    "active_seconds": ("Active phase minutes", 1 / 60),
+    "output_tokens": ("Generated output tokens (millions)", 1e-6),
+    "updates": ("Optimizer updates", 1.0),
+}
+GROUP_SIZES = (4, 8, 16, 32)
+
+
+def configure() -> None:
+    """Style and determinism settings (fixed SVG ids) shared by every figure."""
+    mpl.rcParams.update({
+        "svg.hashsalt": "grpo-knobs",
+        "figure.dpi": 100,
+        "savefig.dpi": 100,
+        "font.size": 9,
+        "axes.titlesize": 10,
+        "axes.grid": True,
+        "grid.alpha": 0.3,
+        "legend.fontsize": 8,
+    })
+
+
+def title_for(text: str, synthetic: bool) -> str:
+    """Figure title, marked loudly when the records are synthetic fixtures."""
+    return f"SYNTHETIC DATA (test fixture, not training results) - {text}" if synthetic else text
+
+
+def format_pct(value: float) -> str:
+    """A target such as 88.59375 shown in full, without trailing zeros."""
+    return f"{value:.5f}".rstrip("0").rstrip(".")
+
+
+def save_figure(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
+    """Write ``name.png`` and ``name.svg`` under ``out_dir`` without dates or version stamps."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    png, svg = out / f"{name}.png", out / f"{name}.svg"
+    fig.savefig(png, metadata={"Software": None}, bbox_inches="tight")
+    fig.savefig(svg, metadata={"Date": None, "Creator": None}, bbox_inches="tight")
+    return [png, svg]
+
+
+def save_and_display(fig: Figure, out_dir: str | Path, name: str) -> None:
+    """Save as :func:`save_figure`, close the figure and show the saved PNG in the notebook.
+
+    Showing the file instead of re-rendering the figure keeps notebook runs
+    fast and shows exactly what was written.
+    """
+    from IPython.display import Image, display
+
+    png, _ = save_figure(fig, out_dir, name)
+    plt.close(fig)
+    display(Image(filename=str(png)))
+
+
+def label_colors(labels: Sequence[str]) -> dict[str, tuple]:
+    """A fixed color per recipe label, in the given order."""
+    cmap = plt.get_cmap("tab10")
+    return {label: cmap(i % 10) for i, label in enumerate(labels)}
+
+
+def plot_seed_curve(ax: plt.Axes, x: np.ndarray, mean: np.ndarray, low: np.ndarray, high: np.ndarray,
+                    color: tuple, label: str) -> None:
+    """Dots at the seed mean joined by a thin line; vertical lines over the observed seed range."""
+    ax.plot(x, mean, "-", color=color, lw=0.8, alpha=0.6)
+    ax.plot(x, mean, "o", color=color, ms=4, label=label)
+    ax.vlines(x, low, high, color=color, lw=1.6, alpha=0.8)
+
+
+def learning_curves_figure(summaries: Mapping[str, pd.DataFrame], labels: Sequence[str],
+                           targets: Sequence[float], title: str) -> Figure:
+    """Validation accuracy against each x-axis of ``summaries`` (one panel each) for one task.
+
+    ``summaries`` maps a :data:`CURVE_AXES` key to the output of
+    :func:`grpo_knobs.analysis.summarize_curves` restricted to the task.
+    """
+    colors = label_colors(labels)
+    fig, axes = plt.subplots(1, len(summaries), figsize=(3.6 * len(summaries), 3.4), sharey=True, squeeze=False)
+    for ax, (axis, summary) in zip(axes[0], summaries.items()):
+        name, scale = CURVE_AXES[axis]
+        for label in labels:
+            s = summary[summary["label"] == label].sort_values("responses")
+            if not s.empty:
+                plot_seed_curve(ax, scale * s["x"].to_numpy(), s["accuracy_mean_pct"].to_numpy(),
+                                s["accuracy_min_pct"].to_numpy(), s["accuracy_max_pct"].to_numpy(),
+                                colors[label], label)
+        for target in targets:
+            ax.axhline(target, color="0.4", ls="--", lw=0.8)
+            ax.annotate(f"target {format_pct(target)}%", (0.01, target), xycoords=("axes fraction", "data"),
+                        fontsize=7, color="0.3", va="bottom")
+        ax.set_xlabel(name)
+    axes[0, 0].set_ylabel("Validation accuracy (%)")
+    axes[0, 0].legend(loc="lower right")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def time_to_target_figure(table: pd.DataFrame, labels: Sequence[str], title: str) -> Figure:
+    """Observation brackets in responses per run, one panel per target; censored runs as arrows.
+
+    ``table`` is :func:`grpo_knobs.analysis.time_to_target_table` for one task.
+    """
+    targets = sorted(table["target_pct"].unique())
+    colors = label_colors(labels)
+    fig, axes = plt.subplots(1, len(targets), figsize=(5.0 * len(targets), 0.35 * len(table) / max(len(targets), 1) + 1.8),
+                             squeeze=False, sharex=True)
+    for ax, target in zip(axes[0], targets):
+        rows = table[table["target_pct"] == target]
+        rows = rows.assign(_rank=rows["recipe"].map({lab: i for i, lab in enumerate(labels)})).sort_values(
+            ["_rank", "seed"], ascending=[False, False])
+        for y, row in enumerate(rows.itertuples()):
+            color = colors.get(row.recipe, "0.5")
+            if row.reached:
+                ax.plot([row.responses_low, row.responses_high], [y, y], color=color, lw=5, solid_capstyle="butt")
+            else:
+                ax.annotate("", xy=(row.censored_at * 1.06, y), xytext=(row.censored_at, y),
+                            arrowprops={"arrowstyle": "->", "color": color})
+                ax.text(row.censored_at * 1.07, y, f"not reached by {row.censored_at:,.0f}", va="center",
+                        fontsize=7, color=color)
+        ax.set_yticks(range(len(rows)), [f"{r.recipe} s{r.seed}" for r in rows.itertuples()], fontsize=7)
+        ax.set_title(f"target {format_pct(target)}%")
+        ax.set_xlabel("Cumulative training responses (bracket: previous eval, first eval at/above]")
+    # Room for the longest bracket and for the "not reached" notes.
+    x_max = np.nanmax([table["responses_high"].max(), 1.45 * table["censored_at"].max(), 1.0])
+    axes[0, 0].set_xlim(0, 1.05 * x_max)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def group_size_figure(points: pd.DataFrame, sizes: pd.DataFrame, title: str,
+                      group_sizes: Sequence[int] = GROUP_SIZES) -> Figure:
+    """Mixed-group formula over p per G with measured collections overlaid, and prompts exposed.
+
+    ``points``: :func:`analysis.mixed_group_points` for one task;
+    ``sizes``: :func:`analysis.group_size_table` for the same task.
+    """
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(9.5, 3.6), gridspec_kw={"width_ratios": [1.6, 1]})
+    p = np.linspace(0, 1, 401)
+    cmap = plt.get_cmap("viridis")
+    color = {g: cmap(i / max(len(group_sizes) - 1, 1)) for i, g in enumerate(group_sizes)}
+    for g in group_sizes:
+        ax.plot(p, stats.mixed_group_probability(p, g), color=color[g], lw=1.5, label=f"formula G={g}")
+    for g, pts in points.groupby("n_samples_per_prompt"):
+        ax.scatter(pts["reward_mean"], pts["mixed_group_fraction"], s=12, color=color.get(g, "0.3"),
+                   edgecolor="k", linewidth=0.3, label=f"measured G={g}", zorder=3)
+    ax.set_xlabel("p: success probability (measured: collection mean training reward)")
+    ax.set_ylabel("Mixed-group probability / fraction")
+    ax.legend(ncol=2, fontsize=7)
+    ax.set_ylim(0, 1.02)
+    ordered = sizes.sort_values("G")
+    bars = bx.bar([str(g) for g in ordered["G"]], ordered["prompts_exposed"],
+                  color=[color.get(g, "0.5") for g in ordered["G"]])
+    bx.bar_label(bars, labels=[f"{v:,}" for v in ordered["prompts_exposed"]], fontsize=7)
+    bx.set_xlabel("Group size G")
+    bx.set_ylabel(f"Prompts exposed in {int(ordered['responses'].max()):,} responses")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def reward_audit_figure(audit: pd.DataFrame, initial: pd.DataFrame, title: str) -> Figure:
+    """Strict vs flexible accuracy of the initial model: audited outputs and terminal test."""
+    sources = [("audited outputs", audit), ("initial terminal test", initial)]
+    sources = [(name, frame) for name, frame in sources if not frame.empty]
+    fig, axes = plt.subplots(1, len(sources), figsize=(4.2 * len(sources), 3.2), squeeze=False)
+    for ax, (name, frame) in zip(axes[0], sources):
+        x = np.arange(len(frame))
+        for offset, col, lab in ((-0.2, "strict_pct", "strict"), (0.2, "flexible_pct", "flexible")):
+            bars = ax.bar(x + offset, frame[col], width=0.4, label=lab)
+            ax.bar_label(bars, fmt="%.1f", fontsize=7)
+        ax.set_xticks(x, frame["task"])
+        ax.set_ylabel("Accuracy (%)")
+        ax.set_title(name)
+        ax.legend()
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def screening_figure(tables: Mapping[str, pd.DataFrame], title: str) -> Figure:
+    """Per screening question: final validation % and job time relative to the question's first arm.
+
+    Bars are ours; hollow markers are the study's published numbers when
+    ``study_*`` columns are present. Job time is shown relative to the first
+    arm because the study's hardware and budget differ from ours.
+    """
+    fig, axes = plt.subplots(len(tables), 2, figsize=(9.5, 2.6 * len(tables)), squeeze=False)
+    for row, (question, t) in zip(axes, tables.items()):
+        x = np.arange(len(t))
+        has_study = "study_val_pct" in t.columns and t["study_val_pct"].notna().any()
+        row[0].bar(x, t["val_pct"], color="tab:blue", label="ours")
+        row[1].bar(x, t["job_min"] / t["job_min"].iloc[0], color="tab:orange", label="ours")
+        if has_study:
+            row[0].plot(x, t["study_val_pct"], "o", mfc="none", mec="k", label="study (published)")
+            row[1].plot(x, t["study_job_min"] / t["study_job_min"].iloc[0], "o", mfc="none", mec="k",
+                        label="study (published)")
+        for ax in row:
+            ax.set_xticks(x, t["arm"], fontsize=7)
+        row[0].set_ylabel("Final val. accuracy (%)")
+        row[1].set_ylabel(f"Job time / {t['arm'].iloc[0]}")
+        row[0].set_title(question, loc="left", fontsize=9)
+        row[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def critical_batch_figure(bench: pd.DataFrame | None, measured: pd.DataFrame, critical_gen: float | None,
+                          rt: pd.DataFrame, critical_train: float | None, tolerance: float,
+                          prediction: pd.DataFrame | None, title: str) -> Figure:
+    """Throughput over batch, responses-to-target over B, predicted vs measured time-to-target.
+
+    The throughput and prediction panels need the rollout benchmark and are
+    left out when ``bench`` is None. ``measured``:
+    :func:`analysis.measured_generation_throughput`; ``rt``:
+    :func:`analysis.responses_to_target` rows of the training-batch arms.
+    """
+    n_panels = 3 if bench is not None else 1
+    fig, axes = plt.subplots(1, n_panels, figsize=(4.4 * n_panels, 3.6), squeeze=False)
+    axes = list(axes[0])
+    if bench is not None:
+        ax = axes.pop(0)
+        for col, style in (("eager_tokens_per_s", "s--"), ("fast_tokens_per_s", "o-"),
+                           ("bandwidth_bound_tokens_per_s", ":")):
+            ax.plot(bench["batch"], bench[col], style, ms=3, label=f"benchmark {col.removesuffix('_tokens_per_s')}")
+        ax.plot(measured["generation_batch"], measured["tokens_per_s"], "kx", label="runs: measured generation")
+        if critical_gen is not None:
+            ax.axvline(critical_gen, color="tab:red", ls="--", lw=1)
+            ax.annotate(f"critical generation batch {critical_gen:g}", (critical_gen, 0.03),
+                        xycoords=("data", "axes fraction"), rotation=90, fontsize=7, color="tab:red", ha="right")
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(mpl.ticker.ScalarFormatter())
+        ax.set_ylim(0, 1.15 * bench["fast_tokens_per_s"].max())
+        ax.set_xlabel("Concurrent generation batch (responses)")
+        ax.set_ylabel("Output tokens / s")
+        ax.legend(fontsize=6)
+    ax = axes.pop(0)
+    reached = rt[rt["reached"]]
+    ax.plot(reached["global_batch_size"], reached["responses_needed"], "o", color="tab:blue", label="reached")
+    for row in reached.itertuples():
+        ax.annotate(row.arm, (row.global_batch_size, row.responses_needed), fontsize=7,
+                    textcoords="offset points", xytext=(4, -10))
+    for row in rt[~rt["reached"]].itertuples():
+        ax.plot(row.global_batch_size, row.censored_at, "^", color="tab:gray")
+        ax.annotate(f"not reached by {row.censored_at:,.0f}", (row.global_batch_size, row.censored_at),
+                    fontsize=7, textcoords="offset points", xytext=(4, 4))
+    if not reached.empty:
+        ax.axhspan(reached["responses_needed"].min(), tolerance * reached["responses_needed"].min(),
+                   color="tab:green", alpha=0.15, label=f"within {tolerance:g}x of the fewest")
+    if critical_train is not None:
+        ax.axvline(critical_train, color="tab:red", ls="--", lw=1, label=f"critical training batch {critical_train:g}")
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(mpl.ticker.ScalarFormatter())
+    ax.set_xticks(sorted(rt["global_batch_size"].unique()))
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("Optimizer batch B (responses per update)")
+    ax.set_ylabel("Responses to target (first eval at/above)")
+    ax.legend(fontsize=7)
+    if prediction is not None and bench is not None:
+        ax = axes.pop(0)
+        ax.plot(prediction["measured_active_s"], prediction["predicted_active_s"], "o")
+        for row in prediction.itertuples():
+            ax.annotate(row.arm, (row.measured_active_s, row.predicted_active_s), fontsize=6,
+                        textcoords="offset points", xytext=(3, 2))
+        hi = 1.1 * max(prediction["measured_active_s"].max(), prediction["predicted_active_s"].max(), 1.0)
+        ax.plot([0, hi], [0, hi], color="0.5", lw=0.8, ls="--", label="predicted = measured")
+        ax.set_xlim(0, hi)
+        ax.set_ylim(0, hi)
+        ax.set_xlabel("Measured active seconds to target")
+        ax.set_ylabel("Predicted active seconds to target")
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig

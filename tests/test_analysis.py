@@ -1,0 +1,423 @@
+"""Tests for grpo_knobs.analysis and grpo_knobs.plots on the committed synthetic
+study, on hand-made frames, and on the study's published endpoints."""
+
+from __future__ import annotations
+
+import filecmp
+import importlib.util
+import io
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
+
+from grpo_knobs import analysis as an
+from grpo_knobs import plots
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+STUDY_DIR = FIXTURES / "synthetic_study"
+BENCHMARK = FIXTURES / "rollout-synthetic.json"
+REFERENCE = ROOT.parent / "shared" / "data" / "reference" / "study_endpoints.csv"
+needs_reference = pytest.mark.skipif(not REFERENCE.is_file(), reason="../shared reference CSV not present")
+
+
+@pytest.fixture(scope="module")
+def study() -> an.Study:
+    return an.load_study(STUDY_DIR)
+
+
+@pytest.fixture(scope="module")
+def reference() -> pd.DataFrame:
+    return an.load_reference(REFERENCE)
+
+
+def _runs(study: an.Study, task: str, phase: str = "confirmation") -> pd.DataFrame:
+    return study.runs[(study.runs["task"] == task) & (study.runs["phase"] == phase)]
+
+
+# --- the fixture itself -----------------------------------------------------
+def test_committed_fixture_matches_its_generator(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("make_synthetic_study", FIXTURES / "make_synthetic_study.py")
+    gen = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, gen)  # dataclasses look their module up
+    spec.loader.exec_module(gen)
+    gen.main(tmp_path / "study", tmp_path / "bench.json")
+    fresh = sorted(p.relative_to(tmp_path / "study") for p in (tmp_path / "study").rglob("*") if p.is_file())
+    committed = sorted(p.relative_to(STUDY_DIR) for p in STUDY_DIR.rglob("*") if p.is_file())
+    assert fresh == committed
+    for rel in fresh:
+        a, b = tmp_path / "study" / rel, STUDY_DIR / rel
+        if rel.suffix == ".parquet":
+            pd.testing.assert_frame_equal(pd.read_parquet(a), pd.read_parquet(b))
+        else:
+            assert filecmp.cmp(a, b, shallow=False), rel
+    assert json.loads((tmp_path / "bench.json").read_text()) == json.loads(BENCHMARK.read_text())
+    assert sum(p.stat().st_size for p in STUDY_DIR.rglob("*") if p.is_file()) < 1_000_000
+
+
+# --- loading ----------------------------------------------------------------
+def test_load_study_keeps_complete_runs_and_lists_skipped(study):
+    assert len(study.runs) == 18 + 1 + 18
+    assert study.skipped.to_dict("records") == [
+        {"run_id": "gsm8k-screening-onpolicy-large-sqrt-s0", "status": "running"}]
+    assert (study.runs["status"] == "complete").all()
+    assert study.tasks == ["gsm8k", "countdown"]
+    assert study.synthetic
+    assert "skipped gsm8k-screening-onpolicy-large-sqrt-s0 (status running)" in study.describe()
+    assert study.selection["recipes"]["countdown"] == ["onpolicy-small", "onpolicy-large", "group-4"]
+    assert sorted(study.audits) == ["countdown", "gsm8k"]
+
+
+def test_load_study_schema(study):
+    runs = study.runs
+    for col in ("run_id", "task", "phase", "arm", "label", "seed", "lr", *an.SHAPE_COLUMNS,
+                "generation_seconds", "trainer_seconds", "sync_seconds", "active_phase_seconds", "job_seconds",
+                "output_tokens", "final_accuracy", "initial_accuracy", "sample_auc", "test_accuracy"):
+        assert col in runs.columns, col
+    assert runs["run_id"].is_unique
+    np.testing.assert_allclose(runs["active_phase_seconds"],
+                               runs[["generation_seconds", "trainer_seconds", "sync_seconds"]].sum(axis=1))
+    assert set(study.evals.columns) >= set(an.EVAL_COLUMNS)
+    assert (study.evals["split"] == "val").all() and (study.tests["split"] == "test").all()
+    assert set(study.tests["run_id"]) == set(runs.loc[runs["phase"] == "confirmation", "run_id"])
+    assert sorted(study.initial_tests["task"].unique()) == ["countdown", "gsm8k"]
+    assert {"generation_seconds", "clip_fraction_mean"} <= set(study.collections.columns)
+    assert (study.curves["n_problems"] == 64).all()
+
+
+def test_load_study_labels_use_recipe_names_then_arms(study):
+    conf = _runs(study, "gsm8k")
+    assert set(conf["label"]) == {"Small one-update baseline", "Large one-update batch", "Two updates, retuned LR"}
+    assert set(_runs(study, "gsm8k", "screening")["label"]) == set(_runs(study, "gsm8k", "screening")["arm"])
+
+
+def test_load_study_can_include_unfinished_runs(study):
+    with_running = an.load_study(STUDY_DIR, statuses=("complete", "running"))
+    row = with_running.runs.set_index("run_id").loc["gsm8k-screening-onpolicy-large-sqrt-s0"]
+    assert row["status"] == "running" and row["collections_done"] == 5 and row["responses"] == 2560
+    assert with_running.skipped.empty
+
+
+def _copy_run(tmp_path: Path, run: str) -> Path:
+    shutil.copytree(STUDY_DIR / run, tmp_path / run)
+    return tmp_path / run
+
+
+def test_load_study_rejects_missing_columns(tmp_path):
+    run = _copy_run(tmp_path, "gsm8k-screening-split-4-s0")
+    evals = pd.read_parquet(run / "evals.parquet").drop(columns=["correct_strict"])
+    evals.to_parquet(run / "evals.parquet")
+    with pytest.raises(ValueError, match=r"evals.parquet lacks columns \['correct_strict'\]"):
+        an.load_study(tmp_path)
+
+
+def test_load_study_without_complete_runs_says_so(tmp_path):
+    _copy_run(tmp_path, "gsm8k-screening-onpolicy-large-sqrt-s0")
+    with pytest.raises(ValueError, match="no runs with status"):
+        an.load_study(tmp_path)
+
+def test_load_study_lists_folders_without_config(tmp_path):
+    _copy_run(tmp_path, "gsm8k-screening-split-4-s0")
+    (tmp_path / "gsm8k-screening-split-2-s0").mkdir()  # failed before writing its config
+    (tmp_path / ".lock").mkdir()  # hidden folders are not runs
+    loaded = an.load_study(tmp_path)
+    assert loaded.runs["run_id"].tolist() == ["gsm8k-screening-split-4-s0"]
+    assert loaded.skipped.to_dict("records") == [{"run_id": "gsm8k-screening-split-2-s0", "status": "no config.json"}]
+
+
+# --- curves -----------------------------------------------------------------
+def _evals(run_id: str, points: dict[int, list[float]]) -> pd.DataFrame:
+    rows = []
+    for responses, correct in points.items():
+        for j, c in enumerate(correct):
+            rows.append({"run_id": run_id, "split": "val", "collections": responses // 128,
+                         "updates": responses // 128, "responses": responses, "output_tokens": 10 * responses,
+                         "active_seconds": responses / 100, "job_seconds": 5 + responses / 50,
+                         "problem_id": f"p{j}", "correct": c, "correct_strict": 0.0,
+                         "response_length": 10 * (j + 1), "truncated": j == 3})
+    return pd.DataFrame(rows)
+
+
+def test_eval_curves_per_point():
+    curves = an.eval_curves(_evals("r", {0: [0, 0, 1, 0], 4096: [1, 1, 1, 0]}))
+    assert curves["accuracy"].tolist() == [0.25, 0.75]
+    assert curves["truncation_fraction"].tolist() == [0.25, 0.25]
+    assert curves["response_length_mean"].tolist() == [25.0, 25.0]
+    assert curves["job_seconds"].tolist() == [5.0, 5 + 4096 / 50]
+
+
+def test_summarize_curves_seed_mean_and_range():
+    evals = pd.concat([_evals("a1", {0: [0, 0], 128: [1, 0]}), _evals("a2", {0: [0, 1], 128: [1, 1]})])
+    runs = pd.DataFrame({"run_id": ["a1", "a2"], "task": "t", "label": "A", "seed": [1, 2]})
+    s = an.summarize_curves(an.eval_curves(evals), runs, "active_seconds")
+    assert s["accuracy_mean_pct"].tolist() == [25.0, 75.0]
+    assert s["accuracy_min_pct"].tolist() == [0.0, 50.0]
+    assert s["accuracy_max_pct"].tolist() == [50.0, 100.0]
+    assert s["x"].tolist() == [0.0, 1.28]
+
+
+def test_curve_endpoints_on_fixture(study):
+    conf = _runs(study, "countdown")
+    labels = an.recipe_order(conf, "countdown", study.selection)
+    table = an.curve_endpoint_table(an.summarize_curves(study.curves, conf), labels)
+    assert table["recipe"].tolist() == labels
+    base = table.iloc[0]  # seed 1 collapsed to 0 of 64; seeds 2, 3 end at 8 and 10 of 64
+    assert (base["accuracy_min_pct"], base["accuracy_max_pct"]) == (0.0, 100 * 10 / 64)
+    assert base["accuracy_mean_pct"] == pytest.approx(100 * 18 / 64 / 3)
+
+
+# --- confirmation tables ----------------------------------------------------
+def _hand_runs() -> pd.DataFrame:
+    return pd.DataFrame({
+        "run_id": ["b1", "b2", "l1"], "task": "t", "label": ["Base", "Base", "Large"], "seed": [1, 2, 1],
+        "final_accuracy": [0.5, 0.6, 0.7], "test_accuracy": [0.4, 0.5, 0.6],
+        "generation_seconds": [600.0, 720.0, 300.0], "trainer_seconds": [120.0, 120.0, 60.0],
+        "sync_seconds": [6.0, 6.0, 3.0], "active_phase_seconds": [726.0, 846.0, 363.0],
+        "job_seconds": [900.0, 1020.0, 480.0], "output_tokens": [2_000_000, 3_000_000, 1_000_000],
+        "test_response_length": [100.0, 110.0, 90.0], "test_truncation_fraction": [0.0, 0.01, 0.002],
+    })
+
+
+def test_confirmation_run_table_units_and_order():
+    t = an.confirmation_run_table(_hand_runs(), ["Large", "Base"])
+    assert t["recipe"].tolist() == ["Large", "Base", "Base"]
+    assert t.iloc[1][["val_pct", "test_pct", "phase_min", "job_min"]].tolist() == [50.0, 40.0, 12.1, 15.0]
+
+
+def test_phase_cost_table_other_is_job_minus_phases():
+    t = an.phase_cost_table(_hand_runs(), ["Base", "Large"]).set_index("recipe")
+    assert t.loc["Base", "generate_min"] == pytest.approx(11.0)
+    assert t.loc["Base", "trainer_min"] == pytest.approx(2.0)
+    assert t.loc["Base", "sync_min"] == pytest.approx(0.1)
+    assert t.loc["Base", "other_min"] == pytest.approx((174 + 174) / 2 / 60)
+    assert t.loc["Base", "output_million_tokens"] == pytest.approx(2.5)
+    assert t.loc["Large", "n_runs"] == 1
+
+
+def test_truncation_range_per_task():
+    rng = an.truncation_range(an.truncation_table(_hand_runs()))
+    assert rng.iloc[0][["min", "max", "count"]].tolist() == [0.0, 1.0, 3]
+
+
+def test_default_comparisons_follow_the_study_order():
+    assert an.default_comparisons(["base", "x", "y"]) == [("x", "base"), ("y", "base"), ("y", "x")]
+
+
+def test_paired_comparisons_on_fixture(study):
+    conf = _runs(study, "gsm8k")
+    labels = an.recipe_order(conf, "gsm8k", study.selection)
+    comp = an.paired_comparisons(conf, study.tests, "gsm8k", an.default_comparisons(labels), n_resamples=2000)
+    first = comp.iloc[0]
+    assert first["comparison"] == "Large one-update batch versus Small one-update baseline"
+    # Test counts (of 96): large 74, 74, 76 vs baseline 71, 72, 73.
+    np.testing.assert_allclose(first["seed_diffs_pp"], [300 / 96, 200 / 96, 300 / 96])
+    assert first["mean_pp"] == pytest.approx(800 / 96 / 3)
+    assert first["ci_low_pp"] < first["mean_pp"] < first["ci_high_pp"]
+    assert (first["n_seeds"], first["n_problems"]) == (3, 96)
+    shown = an.format_comparisons(comp).iloc[0]
+    assert shown["Mean pp"] == "+2.78" and shown["Seed differences pp"] == "+3.12, +2.08, +3.12"
+
+
+def test_paired_comparisons_reject_unpaired_seeds(study):
+    conf = _runs(study, "gsm8k")
+    conf = conf[~((conf["label"] == "Large one-update batch") & (conf["seed"] == 3))]
+    with pytest.raises(ValueError, match="different seeds"):
+        an.paired_comparisons(conf, study.tests, "gsm8k", [("Large one-update batch", "Small one-update baseline")])
+
+
+def test_recipe_test_scores_rejects_different_problem_sets(study):
+    conf = _runs(study, "gsm8k")
+    run = conf[conf["label"] == "Large one-update batch"]["run_id"].iloc[0]
+    tests = study.tests[~((study.tests["run_id"] == run) & (study.tests["problem_id"] == "gsm8k-test-0005"))]
+    with pytest.raises(ValueError, match="different test problems"):
+        an.recipe_test_scores(tests, conf, "Large one-update batch", "gsm8k")
+
+
+# --- time to target ---------------------------------------------------------
+def test_time_to_target_table_on_fixture(study):
+    table = an.time_to_target_table(study.curves, _runs(study, "gsm8k"), {"gsm8k": [88.59375]})
+    by = table.set_index(["recipe", "seed"])
+    large1 = by.loc[("Large one-update batch", 1)]
+    assert (large1["responses_low"], large1["responses_high"]) == (2048, 3072)
+    assert large1["responses_bracket"] == "(2,048, 3,072]"
+    base = by.loc[("Small one-update baseline", 3)]
+    assert not base["reached"] and base["censored_at"] == 8192 and np.isnan(base["responses_high"])
+    assert base["job_seconds_bracket"] == "not reached by 8,192 responses"
+    summary = an.time_to_target_summary(table).set_index("recipe")
+    assert summary.loc["Large one-update batch", "reached"] == "3/3"
+    assert summary.loc["Two updates, retuned LR", "responses"] == (
+        "1/3 reached within (5,120, 6,144]; 2 not reached by 8,192 responses")
+
+
+# --- group size, audit, screening -------------------------------------------
+def test_group_size_table_prompts_exposed(study):
+    t = an.group_size_table(_runs(study, "gsm8k", "screening"))
+    assert t["G"].tolist() == [4, 8, 16, 32]
+    assert t["prompts_exposed"].tolist() == [1024, 512, 256, 128]
+    assert (t["prompts_exposed"] == t["distinct_prompts"]).all()
+    # Concavity: the measured fraction sits below the formula at the mean reward.
+    assert (t["mixed_fraction"] <= t["formula_at_mean_reward"]).all()
+    points = an.mixed_group_points(study.collections, _runs(study, "gsm8k", "screening"))
+    assert points.groupby("arm").size().to_dict() == {"group-16": 8, "group-32": 8, "group-4": 8, "split-4": 8}
+
+
+def test_reward_audit_summary_and_examples(study):
+    s = an.reward_audit_summary(study.audits).set_index("task")
+    assert s.loc["gsm8k", "strict_pct"] == pytest.approx(100 * 39 / 64)
+    assert s.loc["gsm8k", "flexible_pct"] == pytest.approx(100 * 52 / 64)
+    assert (s.loc["gsm8k", "flexible_only"], s.loc["gsm8k", "strict_only"]) == (13, 0)
+    ex = an.reward_audit_examples(study.audits["gsm8k"], n=2, max_chars=30)
+    assert ex["problem_id"].tolist() == ["gsm8k-val-0039", "gsm8k-val-0040"]
+    assert ex["response_end"].str.startswith("...").all() and ex["response_end"].str.len().max() == 33
+
+
+def test_initial_test_grading(study):
+    t = an.initial_test_grading(study.initial_tests).set_index("task")
+    assert t.loc["gsm8k", "flexible_pct"] == pytest.approx(100 * 70 / 96)
+    assert t.loc["gsm8k", "strict_pct"] < t.loc["gsm8k", "flexible_pct"]
+    assert t.loc["countdown", "strict_pct"] == t.loc["countdown", "flexible_pct"]
+
+
+def test_screening_table_question_order(study):
+    title, arms = an.SCREENING_QUESTIONS["collection_size"]
+    t = an.screening_table(study.runs, arms)
+    assert t["task"].tolist() == ["gsm8k"] * 4 + ["countdown"] * 4
+    assert t["arm"].tolist()[:4] == list(arms)
+    assert t["collection"].tolist()[:4] == [128, 256, 512, 1024]
+    assert t.iloc[0]["val_pct"] == pytest.approx(100 * 58 / 64)
+
+
+@needs_reference
+def test_reference_reproduces_the_published_phase_tables(reference):
+    conf = reference[reference["phase"] == "confirmation"]
+    g = an.phase_cost_table(conf[conf["task"] == "gsm8k"]).set_index("recipe").round(2)
+    assert g.loc["Small one-update baseline", ["generate_min", "trainer_min", "sync_min", "other_min",
+                                               "output_million_tokens"]].tolist() == [11.78, 7.68, 0.61, 5.50, 10.21]
+    c = an.phase_cost_table(conf[conf["task"] == "countdown"]).set_index("recipe").round(2)
+    assert c.loc["Four answers, four updates", ["generate_min", "trainer_min", "sync_min", "other_min",
+                                                "output_million_tokens"]].tolist() == [6.56, 3.69, 0.19, 3.29, 0.61]
+    runs = an.confirmation_run_table(conf[conf["task"] == "gsm8k"]).round(2)
+    first = runs[(runs["recipe"] == "Small one-update baseline") & (runs["seed"] == 1)].iloc[0]
+    assert first[["val_pct", "phase_min", "job_min"]].tolist() == [81.64, 18.17, 23.77]
+
+
+@needs_reference
+def test_screening_table_adds_the_study_numbers(study, reference):
+    _, arms = an.SCREENING_QUESTIONS["collection_size"]
+    t = an.screening_table(study.runs, arms, reference).set_index(["task", "arm"]).round(2)
+    assert t.loc[("gsm8k", "onpolicy-small"), ["study_val_pct", "study_job_min"]].tolist() == [86.52, 13.63]
+    assert t.loc[("countdown", "split-4"), "study_job_min"] == 7.56
+
+
+# --- critical batches -------------------------------------------------------
+def test_critical_generation_batch_first_within_fraction_of_peak():
+    assert an.critical_generation_batch([8, 1, 4, 2], [100, 10, 91, 50]) == 4
+    assert an.critical_generation_batch([1, 2, 4, 8], [10, 50, 89, 100]) == 8
+    assert an.critical_generation_batch([1, 2], [10, 50], fraction=0.1) == 1
+
+
+def test_critical_training_batch_tolerance_and_censoring():
+    assert an.critical_training_batch([128, 256, 512], [2048, 2048, 3072]) == 256
+    assert an.critical_training_batch([128, 256, 512], [2048, 2048, 2457.6]) == 512
+    assert an.critical_training_batch([128, 256, 512], [2048, np.nan, 2048]) == 512
+    assert an.critical_training_batch([128, 256, 512], [2048, 2048, np.nan]) == 256
+    assert an.critical_training_batch([128, 256], [np.nan, np.nan]) is None
+
+
+def test_interpolate_throughput_log2_and_clamped():
+    np.testing.assert_allclose(an.interpolate_throughput([128, 512], [100, 300], [64, 256, 1024]), [100, 200, 300])
+
+
+def test_responses_to_target_and_prediction_on_fixture(study):
+    bench = an.load_rollout_benchmark(BENCHMARK)
+    screening = study.runs[study.runs["phase"] == "screening"]
+    rt = an.responses_to_target(study.curves, screening, {"gsm8k": 88.59375})
+    need = rt.set_index("arm")["responses_needed"]
+    assert (need["onpolicy-small"], need["batch-256"], need["onpolicy-large"]) == (2048, 2048, 3072)
+    assert np.isnan(need["split-2"])
+    pred = an.predict_time_to_target(rt, screening, study.collections, bench["batch"], bench["fast_tokens_per_s"])
+    assert set(pred["arm"]) == set(rt.loc[rt["reached"], "arm"])
+    # The fixture's timings come from the same throughput curve, so predictions land close.
+    assert pred["ratio"].between(0.9, 1.15).all()
+    small = pred.set_index("arm").loc["onpolicy-small"]
+    assert small["generation_batch"] == 128 and small["benchmark_tokens_per_s"] == pytest.approx(5142.86)
+
+
+def test_load_rollout_benchmark_forms(tmp_path):
+    assert an.load_rollout_benchmark(tmp_path / "rollout-*.json") is None
+    rows = json.loads(BENCHMARK.read_text())
+    (tmp_path / "rollout-a.json").write_text(json.dumps({"rows": rows[:3]}))
+    (tmp_path / "rollout-b.json").write_text(json.dumps(rows[3:]))
+    bench = an.load_rollout_benchmark(tmp_path / "rollout-*.json")
+    assert bench["batch"].tolist() == [r["batch"] for r in rows]
+    (tmp_path / "rollout-c.json").write_text(json.dumps([{"batch": 1}]))
+    with pytest.raises(ValueError, match="rollout-c.json lacks columns"):
+        an.load_rollout_benchmark(tmp_path / "rollout-*.json")
+
+
+# --- writing tables and figures ---------------------------------------------
+def test_write_table_csv_and_markdown(tmp_path):
+    table = pd.DataFrame({"recipe": ["a|b"], "lr": [3e-6], "val_pct": [81.640625], "censored": [np.nan]})
+    paths = an.write_table(table, tmp_path, "t", formats={"lr": ".1e"})
+    assert [p.name for p in paths] == ["t.csv", "t.md"]
+    assert (tmp_path / "t.md").read_text() == (
+        "| recipe | lr | val_pct | censored |\n| --- | --- | --- | --- |\n| a\\|b | 3.0e-06 | 81.64 | n/a |\n")
+    assert pd.read_csv(tmp_path / "t.csv")["val_pct"].tolist() == [81.640625]
+
+
+def test_figures_written_with_stable_names_and_identical_bytes(study, tmp_path):
+    plots.configure()
+    conf = _runs(study, "countdown")
+    labels = an.recipe_order(conf, "countdown", study.selection)
+
+    def draw():
+        summaries = {axis: an.summarize_curves(study.curves, conf, axis) for axis in plots.CURVE_AXES}
+        return plots.learning_curves_figure(summaries, labels, [5.78125], plots.title_for("t", study.synthetic))
+
+    first = plots.save_figure(draw(), tmp_path / "a", "learning_curves_countdown")
+    second = plots.save_figure(draw(), tmp_path / "b", "learning_curves_countdown")
+    assert [p.name for p in first] == ["learning_curves_countdown.png", "learning_curves_countdown.svg"]
+    for a, b in zip(first, second):
+        assert a.read_bytes() == b.read_bytes()
+    svg = first[1].read_text()
+    assert "<dc:date>" not in svg and "SYNTHETIC DATA" in svg
+    plt.close("all")
+
+
+def test_every_figure_helper_draws(study):
+    plots.configure()
+    screening = _runs(study, "gsm8k", "screening")
+    conf = _runs(study, "gsm8k")
+    labels = an.recipe_order(conf, "gsm8k", study.selection)
+    bench = an.load_rollout_benchmark(BENCHMARK)
+    rt = an.responses_to_target(study.curves, screening, {"gsm8k": 88.59375})
+    train = rt[rt["arm"].isin(["onpolicy-small", "batch-256", "onpolicy-large"])]
+    measured = an.measured_generation_throughput(study.collections, screening)
+    pred = an.predict_time_to_target(rt, screening, study.collections, bench["batch"], bench["fast_tokens_per_s"])
+    tables = {title: an.screening_table(screening, arms) for title, arms in an.SCREENING_QUESTIONS.values()}
+    figures = {
+        "time_to_target": plots.time_to_target_figure(
+            an.time_to_target_table(study.curves, conf, {"gsm8k": [88.59375, 93.59375]}), labels, "t"),
+        "group_size": plots.group_size_figure(an.mixed_group_points(study.collections, screening),
+                                              an.group_size_table(screening), "t"),
+        "reward_audit": plots.reward_audit_figure(an.reward_audit_summary(study.audits),
+                                                  an.initial_test_grading(study.initial_tests), "t"),
+        "screening": plots.screening_figure(tables, "t"),
+        "critical_batch": plots.critical_batch_figure(bench, measured, 512, train, 256, 1.2, pred, "t"),
+        "critical_batch_no_benchmark": plots.critical_batch_figure(None, measured, None, train, 256, 1.2, None, "t"),
+    }
+    assert len(figures["critical_batch"].axes) == 3 and len(figures["critical_batch_no_benchmark"].axes) == 1
+    for fig in figures.values():
+        fig.savefig(io.BytesIO(), format="png", dpi=30)  # renders every artist
+    plt.close("all")
+
