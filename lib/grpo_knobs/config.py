@@ -178,7 +178,8 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
         if "=" not in pair:
             raise ValueError(f"Expected key=value, got {pair!r}.")
         key, raw = pair.split("=", 1)
-        value = yaml.safe_load(raw) if raw else ""
+        # YAML 1.1 reads on/off/yes/no as booleans; here they are the words (fast_rollout=on).
+        value = raw if raw.lower() in ("on", "off", "yes", "no", "y", "n") else (yaml.safe_load(raw) if raw else "")
         # YAML reads 3e-6 as a string (no dot); accept plain float spellings too.
         if isinstance(value, str):
             try:

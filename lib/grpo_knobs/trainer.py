@@ -356,6 +356,7 @@ class Trainer:
                 acc = self.evaluate(0, 0, 0, 0)
                 bar.set_postfix(val=f"{acc:.3f}")
             for c in range(start, n_coll):
+                before = {k: self.clock.seconds[k] for k in ("generation", "trainer", "sync")}
                 batch = self.collect(c)
                 updates, mismatch = self.train_on_collection(c, batch)
                 self.sync_weights()
@@ -376,8 +377,7 @@ class Trainer:
                     "output_tokens": int(sum(lengths)), "output_tokens_cum": counters["output_tokens"],
                     "logprob_mismatch": mismatch, "per_update": [{"update": counters["updates"] - len(updates) + k + 1} | u
                                                                 for k, u in enumerate(updates)],
-                    "seconds": {"generation": self.clock.seconds["generation"], "trainer": self.clock.seconds["trainer"],
-                                "sync": self.clock.seconds["sync"]},
+                    "seconds": {k: self.clock.seconds[k] - v for k, v in before.items()},  # this collection's phases
                     "active_seconds": self.clock.active, "job_seconds": self.clock.job, "peak_memory_gib": peak,
                 })
                 postfix = {"reward": f"{float(rewards.mean()):.3f}"}
