@@ -66,7 +66,8 @@ def _cmd_test_eval(a: argparse.Namespace) -> int:
 
 def _cmd_plan(a: argparse.Namespace) -> int:
     from . import study
-    plan = study.plan(a.preset)
+    from .config import parse_overrides
+    plan = study.plan(a.preset, study_dir=a.study_dir, params=parse_overrides(a.param or []))
     if a.json:
         print(json.dumps(study.plan_to_json(plan), indent=2))
     else:
@@ -76,11 +77,24 @@ def _cmd_plan(a: argparse.Namespace) -> int:
 
 def _cmd_study(a: argparse.Namespace) -> int:
     from . import study
-    report = study.run_study(a.preset, phases=a.phase or None, jobs=a.jobs,
-                             study_dir=Path(a.study_dir) if a.study_dir else None,
-                             **({"executor": a.executor} if a.executor else {}))
-    print(report)
-    return 1 if getattr(report, "failed", None) else 0
+    from .config import parse_overrides
+    report = study.run_study(a.preset, phases=a.phase or None, jobs=a.jobs, study_dir=a.study_dir,
+                             executor=a.executor, params=parse_overrides(a.param or []), only=a.only or None)
+    print(report.summary())
+    if report.failed:
+        return 1
+    if not a.phase and not a.only and not a.no_analysis:
+        for path in study.run_analysis(report.study_dir):
+            print(f"analysis: {path}")
+        print(f"figures and tables: {report.study_dir / 'figures'}")
+    return 0
+
+
+def _cmd_analyze(a: argparse.Namespace) -> int:
+    from . import study
+    for path in study.run_analysis(a.study_dir, a.out_dir):
+        print(f"analysis: {path}")
+    return 0
 
 
 def _cmd_audit(a: argparse.Namespace) -> int:
@@ -133,15 +147,26 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="Validate a study preset and print its runs.")
     pl.add_argument("preset", help="smoke, h200-mini, paper, or a path to a plan YAML.")
     pl.add_argument("--json", action="store_true")
+    pl.add_argument("--study-dir", default=None, help="Show concrete confirmation runs once this study has a selection.")
+    pl.add_argument("--param", action="append", metavar="KEY=VALUE", help="Set one of the plan's params (repeatable).")
     pl.set_defaults(func=_cmd_plan)
 
-    st = sub.add_parser("study", help="Run a study preset (skips complete runs, resumes partial ones).")
+    st = sub.add_parser("study", help="Run a study preset (skips complete runs, resumes partial ones), then its analysis.")
     st.add_argument("preset")
-    st.add_argument("--phase", action="append", help="Only these phases (repeatable).")
+    st.add_argument("--phase", action="append", help="Only these phases (repeatable): screening, lr-followup, "
+                                                     "selection, confirmation, test.")
     st.add_argument("--jobs", type=int, default=1, help="CPU runs side by side.")
-    st.add_argument("--study-dir", default=None)
-    st.add_argument("--executor", choices=["papermill", "inprocess"], default=None)
+    st.add_argument("--study-dir", default=None, help="Default: runs/<preset>.")
+    st.add_argument("--executor", choices=["auto", "papermill", "inprocess"], default="auto")
+    st.add_argument("--param", action="append", metavar="KEY=VALUE", help="Set one of the plan's params (repeatable).")
+    st.add_argument("--only", action="append", metavar="GLOB", help="Only runs whose id matches (repeatable).")
+    st.add_argument("--no-analysis", action="store_true", help="Skip the analysis notebooks at the end.")
     st.set_defaults(func=_cmd_study)
+
+    an = sub.add_parser("analyze", help="Execute the analysis notebooks (50-56) on a study directory.")
+    an.add_argument("study_dir")
+    an.add_argument("--out-dir", default=None, help="Default: <study_dir>/figures.")
+    an.set_defaults(func=_cmd_analyze)
 
     au = sub.add_parser("audit", help="Reward audit: grade the initial model strict and flexible.")
     au.add_argument("--task", default="gsm8k")
@@ -158,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileExistsError, FileNotFoundError) as exc:
+    except (ValueError, FileExistsError, FileNotFoundError, RuntimeError) as exc:
         print(f"grpo-knobs {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

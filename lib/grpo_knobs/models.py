@@ -266,7 +266,9 @@ def _publish(tmp: Path, name: str) -> Path:
 def _tmp_folder(name: str) -> Path:
     root = cache_dir() / "models"
     root.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
+    tmp.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
+    return tmp
 
 
 def _write_source(folder: Path, record: dict) -> None:
@@ -292,6 +294,12 @@ def _convert_gguf(name: str, gguf_path: Path, gguf_sha: str, source: str) -> Pat
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(gguf_model.state_dict(), strict=True)
     model.to(torch.bfloat16)
+    # The GGUF metadata (now in the config) is authoritative for special tokens: transformers 5.17 reads
+    # eos as <|im_start|> (id 1) and no pad from SmolLM2's GGUF, where the file says eos = pad = 2.
+    for role in ("bos", "eos", "unk", "pad"):
+        token_id = getattr(config, f"{role}_token_id", None)
+        if token_id is not None:
+            setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(token_id))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tmp = _tmp_folder(name)
@@ -306,12 +314,10 @@ def _convert_gguf(name: str, gguf_path: Path, gguf_sha: str, source: str) -> Pat
         raise
 
 
-def _fetch_tiny_random(name: str, spec: TinyRandomSpec) -> Path:
-    if folder := _cached(name):
-        return folder
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+def build_tiny_random(spec: TinyRandomSpec, tokenizer):
+    """The tiny model, bit-identical for a given seed (initialization runs on CPU under its own RNG)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(fetch_model(spec.tokenizer_from))
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,
@@ -324,11 +330,20 @@ def _fetch_tiny_random(name: str, spec: TinyRandomSpec) -> Path:
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        pad_token_id=None,  # a padding_idx would zero EOS's embedding row (EOS == pad) and freeze its gradient
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
-        model = LlamaForCausalLM(config)
+        return LlamaForCausalLM(config)
+
+
+def _fetch_tiny_random(name: str, spec: TinyRandomSpec) -> Path:
+    if folder := _cached(name):
+        return folder
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(fetch_model(spec.tokenizer_from))
+    model = build_tiny_random(spec, tokenizer)
     tmp = _tmp_folder(name)
     try:
         model.save_pretrained(tmp, safe_serialization=True)

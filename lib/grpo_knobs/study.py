@@ -995,3 +995,37 @@ if __name__ == "__main__":
         _worker_main(int(sys.argv[2]))
     else:
         sys.exit("usage: python -m grpo_knobs.study --worker THREADS  (internal; use `grpo-knobs study`)")
+
+
+ANALYSIS_NOTEBOOKS = ("50_learning_curves", "51_confirmation", "52_time_to_target", "53_group_size",
+                      "54_reward_audit", "55_screening", "56_critical_batch")
+
+
+def run_analysis(study_dir: str | Path, out_dir: str | Path | None = None,
+                 notebooks: Iterable[str] = ANALYSIS_NOTEBOOKS, progress: bool = True) -> list[Path]:
+    """Execute the analysis notebooks on a study directory through papermill.
+
+    Figures and tables go to ``out_dir`` (default ``<study_dir>/figures``); each executed
+    notebook is kept there too, so a reader sees the numbers behind every figure. Targets
+    come from the study's ``plan.json``.
+    """
+    import papermill as pm
+    from tqdm.auto import tqdm
+
+    study_dir = Path(study_dir).resolve()
+    out = Path(out_dir).resolve() if out_dir else study_dir / "figures"
+    out.mkdir(parents=True, exist_ok=True)
+    plan_file = study_dir / "plan.json"
+    targets = json.loads(plan_file.read_text()).get("targets", {}) if plan_file.exists() else {}
+    written = []
+    for name in tqdm(list(notebooks), desc="analysis notebooks", disable=not progress):
+        params: dict[str, Any] = {"study_dir": str(study_dir), "out_dir": str(out)}
+        if targets and name in ("50_learning_curves", "52_time_to_target"):
+            params["targets"] = targets
+        if targets and name == "56_critical_batch":
+            params["targets"] = {task: values[0] for task, values in targets.items() if values}
+        target = out / f"{name}.ipynb"
+        pm.execute_notebook(str(REPO_ROOT / "notebooks" / f"{name}.ipynb"), str(target), parameters=params,
+                            cwd=str(REPO_ROOT), progress_bar=False, kernel_name="python3")
+        written.append(target)
+    return written

@@ -1,0 +1,153 @@
+"""Rollout throughput: eager `generate` against the static-cache fast path, and both against the memory bound.
+
+For each batch size the same prompts run through both HF engine paths, each for exactly `new_tokens`
+decode steps (EOS ignored) so the rates compare. A decode step must read every weight and each row's
+KV cache once, so bandwidth / bytes-per-step bounds the step rate; the fast path's fraction of that
+bound says how much is left to gain. Prints a table and writes the rows as JSON.
+
+    python -m benchmarks.rollout --batches 64,128,256,512,1024 --new-tokens 256 --out benchmarks/results/rollout-h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from pathlib import Path
+
+import torch
+
+from grpo_knobs.models import load_model
+from grpo_knobs.rollout.hf import HFEngine
+
+# Peak HBM bandwidth by GPU name, bytes/s (vendor datasheets). Unknown GPUs are measured.
+BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "B200": 8.0e12, "A100-SXM4-80GB": 2.04e12, "A100": 1.555e12,
+             "L40S": 0.864e12, "4090": 1.008e12}
+CPU_BANDWIDTH = 20e9  # a flag value, not a measurement: CPU rows only exercise the code
+
+QUESTIONS = [
+    "A baker made 48 muffins and sold 3/4 of them. How many muffins are left?",
+    "Tom has 12 marbles. He gives 5 to Ann and buys 9 more. How many marbles does he have now?",
+    "A train travels 60 km per hour for 2.5 hours. How far does it go?",
+    "Sara reads 15 pages a day. How many days does she need for a 210-page book?",
+    "A shirt costs $25 and is discounted by 20%. What is the new price?",
+    "There are 7 rows of 8 chairs and 13 chairs are taken. How many are free?",
+    "Mia saves $4 a week. How many weeks until she has $92?",
+    "A rectangle is 9 cm wide and 14 cm long. What is its perimeter?",
+]
+
+
+def gpu_slug(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "cpu"
+    name = torch.cuda.get_device_name(device)
+    return re.sub(r"[^a-z0-9]+", "-", name.lower().replace("nvidia", "")).strip("-") or "gpu"
+
+
+def measured_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy rate, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(10):
+        dst.copy_(src)
+    torch.cuda.synchronize(device)
+    return 2 * nbytes * 10 / (time.perf_counter() - start)
+
+
+def bandwidth(device: torch.device, override: float | None) -> tuple[float, str]:
+    if override:
+        return override, "flag"
+    if device.type != "cuda":
+        return CPU_BANDWIDTH, "cpu flag value (not measured)"
+    name = torch.cuda.get_device_name(device)
+    for key, value in BANDWIDTH.items():
+        if key in name:
+            return value, f"datasheet ({key})"
+    return measured_bandwidth(device), "measured device-to-device copy"
+
+
+def bound_tokens_per_s(model, batch: int, prompt_tokens: float, new_tokens: int, bw: float, kv_bytes: int) -> float:
+    """Tokens/s if each decode step only read the weights once and each row's cache once at bandwidth bw."""
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    param_bytes = sum(p.numel() for p in model.parameters()) * kv_bytes  # tied weights counted once
+    kv_per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * kv_bytes
+    mean_context = prompt_tokens + (new_tokens - 1) / 2
+    seconds_per_step = (param_bytes + batch * mean_context * kv_per_token) / bw
+    return batch / seconds_per_step
+
+
+def timed_generate(engine: HFEngine, prompts, new_tokens: int, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    engine.generate(prompts, n=1, max_new_tokens=new_tokens, temperature=1.0, seed=0, ignore_eos=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def main(argv=None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batches", default="64,128,256,512,1024")
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s; default: datasheet table or measured")
+    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/rollout-<gpu>.json)")
+    args = ap.parse_args(argv)
+
+    device = torch.device(args.device)
+    batches = [int(b) for b in args.batches.split(",")]
+    model, tokenizer, info = load_model(args.model, device=device)
+    prompt_ids = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                                tokenize=True, return_dict=True)["input_ids"] for q in QUESTIONS]
+    prompt_tokens = sum(len(p) for p in prompt_ids) / len(prompt_ids)
+    bw, bw_source = bandwidth(device, args.bandwidth)
+    kv_bytes = 2 if device.type == "cuda" else 4  # the engines run bf16 on CUDA, float32 on CPU
+    gpu = gpu_slug(device)
+    engines = {path: HFEngine(model, tokenizer, device=device, max_batch_size=max(batches), fast=path == "fast",
+                              return_logprobs=False) for path in ("eager", "fast")}
+    print(f"{info.name} on {gpu} ({device}); {args.new_tokens} decode steps per run, prompts of "
+          f"{prompt_tokens:.0f} tokens; bandwidth {bw / 1e12:.2f} TB/s from {bw_source}")
+    print(f"{'batch':>6} {'eager tok/s':>12} {'fast tok/s':>11} {'eager ms/step':>14} {'fast ms/step':>13} "
+          f"{'ratio':>6} {'bound tok/s':>12} {'fast/bound':>10}")
+    rows = []
+    for batch in batches:
+        prompts = [prompt_ids[i % len(prompt_ids)] for i in range(batch)]
+        seconds = {}
+        for path, engine in engines.items():
+            # warm-up with the timed shapes: the fast path captures its graphs here, eager warms cuBLAS
+            timed_generate(engine, prompts, args.new_tokens if path == "fast" else 4, device)
+            seconds[path] = timed_generate(engine, prompts, args.new_tokens, device)
+        tokens = batch * args.new_tokens
+        bound = bound_tokens_per_s(engines["fast"].model, batch, prompt_tokens, args.new_tokens, bw, kv_bytes)
+        row = {"gpu": gpu, "model": info.name, "batch": batch, "new_tokens": args.new_tokens,
+               "eager_tokens_per_s": tokens / seconds["eager"], "fast_tokens_per_s": tokens / seconds["fast"],
+               "bandwidth_bound_tokens_per_s": bound,
+               "eager_ms_per_step": 1e3 * seconds["eager"] / args.new_tokens,
+               "fast_ms_per_step": 1e3 * seconds["fast"] / args.new_tokens,
+               "fast_over_eager": seconds["eager"] / seconds["fast"],
+               "fast_fraction_of_bound": tokens / seconds["fast"] / bound,
+               "prompt_tokens_mean": prompt_tokens, "bandwidth_bytes_per_s": bw, "bandwidth_source": bw_source,
+               "fast_cuda_graphs": engines["fast"].decoder.use_graphs, "device": str(device),
+               "torch": torch.__version__}
+        rows.append(row)
+        print(f"{batch:>6} {row['eager_tokens_per_s']:>12,.0f} {row['fast_tokens_per_s']:>11,.0f} "
+              f"{row['eager_ms_per_step']:>14.2f} {row['fast_ms_per_step']:>13.2f} {row['fast_over_eager']:>6.2f} "
+              f"{bound:>12,.0f} {row['fast_fraction_of_bound']:>10.1%}")
+    print("ms/step is wall time / decode steps, prefill included; the bound counts weights + KV reads only.")
+    out = Path(args.out or f"benchmarks/results/rollout-{gpu}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rows, indent=2) + "\n")
+    print(f"wrote {out}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""The rollout engine interface shared by the HF engines and SGLang.
+
+Responses are returned in prompt-major order (prompt 0's n samples first) so the trainer can form
+GRPO groups by slicing, and every response keeps its stop token: with SmolLM2 the EOS id equals the
+pad id, so a mask built from `token != pad` would silently drop EOS from the loss.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+
+@dataclass
+class Generation:
+    """N = len(prompts) * n responses, prompt-major."""
+
+    prompt_index: list[int]  # [N] index into the prompt list
+    token_ids: list[list[int]]  # [N][len_i] response tokens, ending with the stop token when finish is "stop"
+    texts: list[str]  # [N] decoded with skip_special_tokens=True
+    finish_reasons: list[str]  # [N] "stop" or "length"
+    logprobs: list[list[float]] | None  # [N][len_i] log-prob of each sampled token under the engine, or None
+
+    @property
+    def response_lengths(self) -> list[int]:
+        return [len(t) for t in self.token_ids]
+
+    @property
+    def num_responses(self) -> int:
+        return len(self.token_ids)
+
+
+def cut_at_stop(tokens: list[int], stop_ids: set[int]) -> tuple[list[int], str]:
+    """Keep tokens up to and including the first stop token; a response without one hit the length cap."""
+    for i, t in enumerate(tokens):
+        if t in stop_ids:
+            return tokens[: i + 1], "stop"
+    return tokens, "length"
+
+
+def repeat_prompts(prompt_ids: list[list[int]], n: int) -> tuple[list[list[int]], list[int]]:
+    """Prompt-major repetition: [p0]*n + [p1]*n + ..., with each row's prompt index."""
+    if n < 1:
+        raise ValueError(f"n (samples per prompt) must be >= 1, got {n}")
+    rows, index = [], []
+    for i, p in enumerate(prompt_ids):
+        p = [int(t) for t in p]
+        if not p:
+            raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
+        rows += [p] * n
+        index += [i] * n
+    return rows, index
+
+
+class RolloutEngine(ABC):
+    """Generates responses for the trainer and receives its weights after each collection."""
+
+    @abstractmethod
+    def generate(self, prompt_ids: list[list[int]], n: int, max_new_tokens: int, temperature: float,
+                 seed: int) -> Generation:
+        """Sample n responses per prompt at `temperature` (0 = greedy) with no top-k/top-p truncation."""
+
+    @abstractmethod
+    def update_weights(self, state_dict) -> None:
+        """Copy trainer weights into the generator, in place."""
+
+    def close(self) -> None:
+        """Release processes or memory held by the engine."""

@@ -1,0 +1,377 @@
+"""Rollouts from a transformers model: eager `generate`, or a static-cache decode loop replayed as CUDA graphs.
+
+The engine keeps its own copy of the weights so the generator changes only at weight sync, exactly
+as with a separate inference server. The fast path exists because default `generate` is launch- and
+Python-bound on a GPU (60-70 ms per step at every batch size, ../shared/DEVICE.md); replaying one
+captured graph per decode step removes that overhead while reading the same parameter storage, so
+`update_weights` (an in-place copy) needs no recapture.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from contextlib import contextmanager
+
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from .base import Generation, RolloutEngine, cut_at_stop, repeat_prompts
+
+FAST_MODEL_TYPES = ("llama", "qwen2", "qwen3")  # decoder layers the static decoder re-implements around
+
+
+def sample_tokens(logits: torch.Tensor, inv_temperature: torch.Tensor, greedy: bool):
+    """Draw one token per row from softmax(logits / T) with no truncation; return (tokens, their log-probs).
+
+    Sampling is an exponential race (argmax of z - log E, E ~ Exp(1)), the method torch.multinomial itself
+    uses for one draw, but without building the probability tensor. Greedy rows take argmax(z) and report
+    log-probs at T = 1 (the caller sets inv_temperature to 1).
+    """
+    z = logits.float() * inv_temperature  # [B, V]
+    if greedy:
+        tokens = z.argmax(-1)  # [B]
+    else:
+        # clamp: a zero draw would make -log E infinite and pick its token regardless of z
+        noise = torch.empty_like(z).exponential_().clamp_min_(torch.finfo(torch.float32).tiny).log_()  # [B, V]
+        tokens = (z - noise).argmax(-1)  # [B]
+    logprobs = z.gather(-1, tokens[:, None])[:, 0] - torch.logsumexp(z, -1)  # [B]
+    return tokens, logprobs
+
+
+def _rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+class StaticDecoder:
+    """Batched decoding over a preallocated KV cache, using the model's own modules and parameters.
+
+    Only attention and the cache are written here (query heads grouped over their shared KV head, so the
+    cache is read once per step, not once per query head); norms, projections, rotary embedding and MLP
+    are the model's modules. One decode step is a fixed sequence of kernels whose shapes depend only on
+    (batch rows, attended cache length, greedy), which is what lets a CUDA graph replay it. Step state
+    (token, position, cache slot, output column, finished flags) lives in device tensors updated in place.
+    The attended cache length grows in blocks, so early steps do not read the empty tail of the cache.
+    """
+
+    def __init__(self, model, stop_ids, pad_id: int, use_graphs: bool, block: int = 64, prefill_rows: int = 64):
+        cfg = model.config
+        layer_types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
+        if cfg.model_type not in FAST_MODEL_TYPES or layer_types != {"full_attention"}:
+            raise ValueError(f"the static decoder supports full-attention {', '.join(FAST_MODEL_TYPES)} models, "
+                             f"not {cfg.model_type!r} (layer types {sorted(layer_types)}); use fast=False")
+        self.model, self.backbone = model, model.model
+        self.layers = list(model.model.layers)
+        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.groups = self.n_heads // self.n_kv
+        self.weight = model.get_input_embeddings().weight
+        self.stop_list = sorted(stop_ids)
+        self.stop = torch.tensor(self.stop_list, device=self.weight.device)  # [S]
+        self.pad_id = pad_id
+        self.use_graphs, self.block, self.prefill_rows = use_graphs, block, prefill_rows
+        self.graphs, self.pool = {}, None
+        self.rows, self.cap = 0, 0
+
+    def _allocate(self, rows: int, cap: int):
+        """Grow the cache and step state; graphs captured on the old buffers are dropped with them."""
+        if rows <= self.rows and cap <= self.cap:
+            return
+        rows, cap = max(rows, self.rows), max(cap, self.cap)
+        # The pool's lifetime ends with its graphs: capturing into a pool whose graphs were all
+        # freed trips the caching allocator's use-count assert, so start a fresh pool too.
+        self.graphs.clear()
+        self.pool = None
+        self.kv = None  # free the old cache before allocating the new one
+        dev, L = self.weight.device, len(self.layers)
+        self.kv = torch.zeros(L, 2, rows, self.n_kv, cap, self.head_dim, dtype=self.weight.dtype, device=dev)
+        self.valid = torch.zeros(rows, cap, dtype=torch.bool, device=dev)  # [R, C] slot holds a real token
+        self.arange = torch.arange(cap, device=dev)  # [C]
+        self.tok = torch.zeros(rows, dtype=torch.long, device=dev)  # [R] token fed to the next step
+        self.pos = torch.zeros(rows, dtype=torch.long, device=dev)  # [R] its rotary position
+        self.done = torch.zeros(rows, dtype=torch.bool, device=dev)  # [R] stop token already emitted
+        self.out_tok = torch.zeros(rows, cap, dtype=torch.long, device=dev)  # [R, C] sampled tokens
+        self.out_lp = torch.zeros(rows, cap, dtype=torch.float32, device=dev)  # [R, C] their log-probs
+        self.slot = torch.zeros(1, dtype=torch.long, device=dev)  # cache slot the next step writes
+        self.step = torch.zeros(1, dtype=torch.long, device=dev)  # output column the next token goes to
+        self.inv_temp = torch.ones(1, dtype=torch.float32, device=dev)
+        self.rows, self.cap = rows, cap
+
+    def _forward(self, ids, pos, slots, kv_len: int, r0: int, r1: int):
+        """Run rows r0:r1 for tokens `ids` written to cache `slots`, attending to slots < kv_len.
+
+        ids, pos: [B, T]; slots: [T]. Returns the final hidden state of the last token, [B, H].
+        """
+        B, T = ids.shape
+        Hkv, G, D = self.n_kv, self.groups, self.head_dim
+        bb = self.backbone
+        x = bb.embed_tokens(ids)  # [B, T, H]
+        cos, sin = bb.rotary_emb(x, pos)  # [B, T, D]
+        cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, D]
+        keys = self.arange[:kv_len]  # [K]
+        # a key is visible if it holds a real token and is not in the future; each query also sees itself so
+        # that left-padding rows never softmax over an empty set (their outputs are never attended to)
+        keep = self.valid[r0:r1, None, :kv_len] & (keys[None, None, :] <= slots[None, :, None])  # [B, T, K]
+        keep = keep | (keys[None, :] == slots[:, None])[None]  # [B, T, K]
+        keep = keep[:, None, None]  # [B, 1, 1, T, K]
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)  # [B, T, H]
+            q = attn.q_proj(h).view(B, T, -1, D)  # [B, T, Hq, D]
+            k = attn.k_proj(h).view(B, T, -1, D)  # [B, T, Hkv, D]
+            v = attn.v_proj(h).view(B, T, -1, D).transpose(1, 2)  # [B, Hkv, T, D]
+            if hasattr(attn, "q_norm"):  # qwen3 normalizes each head before rotary
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, Hq, T, D], [B, Hkv, T, D]
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            k_cache, v_cache = self.kv[i, 0, r0:r1], self.kv[i, 1, r0:r1]  # [B, Hkv, C, D]
+            k_cache.index_copy_(2, slots, k.to(k_cache.dtype))
+            v_cache.index_copy_(2, slots, v.to(v_cache.dtype))
+            k_cache, v_cache = k_cache[:, :, :kv_len], v_cache[:, :, :kv_len]  # [B, Hkv, K, D]
+            qg = q.reshape(B, Hkv, G * T, D)  # [B, Hkv, G*T, D] query heads grouped by their KV head
+            s = (qg @ k_cache.transpose(-1, -2)).float() * attn.scaling  # [B, Hkv, G*T, K]
+            s = s.view(B, Hkv, G, T, kv_len).masked_fill(~keep, float("-inf"))  # [B, Hkv, G, T, K]
+            p = s.softmax(-1).to(q.dtype).view(B, Hkv, G * T, kv_len)  # [B, Hkv, G*T, K]
+            o = (p @ v_cache).view(B, Hkv, G, T, D)  # [B, Hkv, G, T, D]
+            o = o.permute(0, 3, 1, 2, 4).reshape(B, T, self.n_heads * D)  # [B, T, Hq*D]
+            x = x + attn.o_proj(o)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return bb.norm(x[:, -1])  # [B, H]
+
+    def _emit(self, hidden, B: int, greedy: bool):
+        """Sample from the last hidden state and record the token; rows already stopped emit pad."""
+        logits = self.model.lm_head(hidden)  # [B, V]
+        tok, lp = sample_tokens(logits, self.inv_temp, greedy)  # [B], [B]
+        done = self.done[:B]
+        tok = tok.masked_fill(done, self.pad_id)
+        lp = lp.masked_fill(done, 0.0)
+        self.out_tok[:B].index_copy_(1, self.step, tok[:, None])
+        self.out_lp[:B].index_copy_(1, self.step, lp[:, None])
+        done.logical_or_((tok[:, None] == self.stop).any(-1))
+        self.tok[:B].copy_(tok)
+        self.step.add_(1)
+
+    def _decode(self, B: int, kv_len: int, greedy: bool):
+        """One decode step for rows :B; every shape is fixed by (B, kv_len, greedy)."""
+        self.valid[:B].index_fill_(1, self.slot, True)
+        hidden = self._forward(self.tok[:B, None], self.pos[:B, None], self.slot, kv_len, 0, B)  # [B, H]
+        self._emit(hidden, B, greedy)
+        self.pos[:B].add_(1)
+        self.slot.add_(1)
+
+    def _reset(self, B: int):
+        for t in (self.tok, self.pos, self.slot, self.step):
+            t.zero_()
+        self.done[:B].zero_()
+
+    def _capture(self, B: int, kv_len: int, greedy: bool):
+        """Capture one decode step as a CUDA graph (once per engine and shape; no compilation)."""
+        self._reset(B)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside capture: cuBLAS handles, lazy kernel setup
+            self._decode(B, kv_len, greedy)
+        torch.cuda.current_stream().wait_stream(side)
+        self._reset(B)  # the warm-up wrote slot 0 of rows :B; prefill rewrites all state anyway
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self._decode(B, kv_len, greedy)
+        self.pool = self.pool or graph.pool()  # graphs run one at a time, so they can share memory
+        self.graphs[(B, kv_len, greedy)] = graph
+
+    @torch.no_grad()
+    def run(self, ids, mask, n_real: int, max_new_tokens: int, temperature: float, seed: int, ignore_eos: bool):
+        """Decode left-padded prompts ids/mask [B, P] (rows past n_real are padding) -> tokens, log-probs.
+
+        Returns CPU tensors [n_real, steps]; after a row's stop token its entries are pad and 0.
+        """
+        B, P = ids.shape
+        greedy = temperature == 0
+        self._allocate(B, _round_up(P + max_new_tokens, 256))
+        kv_lens = [_round_up(P + t + 1, self.block) for t in range(max_new_tokens - 1)]  # decode step t
+        if self.use_graphs:
+            try:
+                for kv_len in sorted(set(kv_lens)):
+                    if (B, kv_len, greedy) not in self.graphs:
+                        self._capture(B, kv_len, greedy)
+            except RuntimeError as e:  # keep the run going; the warning says why it is slower
+                warnings.warn(f"CUDA graph capture failed, decoding without graphs from now on: {e}")
+                self.use_graphs = False
+                self.graphs.clear()
+                self.pool = None
+        self.inv_temp.fill_(1.0 if greedy else 1.0 / temperature)
+        if ignore_eos:  # no row ever finishes: exactly max_new_tokens steps
+            self.stop.fill_(-1)
+        else:
+            self.stop.copy_(torch.tensor(self.stop_list))
+        torch.manual_seed(seed)  # after capture: warm-ups drew random numbers
+
+        # prefill: the whole prompt, in row chunks to bound the [rows, heads, P, P] attention scores
+        self._reset(B)
+        self.done[n_real:B] = True  # padding rows emit pad and do not hold up the early exit
+        self.valid[:B].zero_()
+        self.valid[:B, :P] = mask
+        pos = (mask.long().cumsum(-1) - 1).clamp_min(0)  # [B, P] positions restart after left padding
+        hidden = torch.cat([self._forward(ids[r:r + self.prefill_rows], pos[r:r + self.prefill_rows],
+                                          self.arange[:P], P, r, min(r + self.prefill_rows, B))
+                            for r in range(0, B, self.prefill_rows)])  # [B, H]
+        self._emit(hidden, B, greedy)
+        self.pos[:B] = mask.sum(-1)
+        self.slot.fill_(P)
+
+        steps = max_new_tokens
+        for t, kv_len in enumerate(kv_lens):
+            if self.use_graphs:
+                self.graphs[(B, kv_len, greedy)].replay()
+            else:
+                self._decode(B, kv_len, greedy)
+            if not ignore_eos and t % 16 == 15 and bool(self.done[:n_real].all()):  # one sync per 16 steps
+                steps = t + 2
+                break
+        return self.out_tok[:n_real, :steps].cpu(), self.out_lp[:n_real, :steps].cpu()
+
+
+class _LogprobRecorder(LogitsProcessor):
+    """A logits processor that records each sampled token's log-prob while `generate` runs.
+
+    It sees the logits of step t and, at step t + 1, the token chosen from them, so it keeps one [B, V]
+    log-softmax instead of generate's output_scores (all steps: 25 GB at batch 512 x 256 steps).
+    Custom processors run before transformers' temperature warper, so the temperature is applied here.
+    """
+
+    def __init__(self, temperature: float):
+        self.inv_temperature = 1.0 / temperature if temperature > 0 else 1.0
+        self.prev, self.out = None, []
+
+    def __call__(self, input_ids, scores):
+        if self.prev is not None:
+            self.out.append(self.prev.gather(-1, input_ids[:, -1:])[:, 0])  # [B]
+        self.prev = torch.log_softmax(scores.float() * self.inv_temperature, -1)  # [B, V]
+        return scores
+
+    def finish(self, response):
+        """response [B, steps] -> [B, steps] log-probs (the last token's from the kept distribution)."""
+        self.out.append(self.prev.gather(-1, response[:, -1:])[:, 0])
+        return torch.stack(self.out, 1)
+
+
+@contextmanager
+def _seeded(seed: int, device: torch.device):
+    """Seed torch for one call without disturbing the caller's random state."""
+    devices = [device.index if device.index is not None else torch.cuda.current_device()] \
+        if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+class HFEngine(RolloutEngine):
+    """Generation from a private copy of a transformers causal LM (bf16 on CUDA, float32 on CPU).
+
+    fast: True uses the StaticDecoder (CUDA graphs on CUDA, the same loop run eagerly on CPU so tests can
+    compare it with generate); False uses `model.generate`; "auto" is fast on CUDA when supported.
+    return_logprobs: defaults to True on CUDA and False on CPU, where generate's recorder costs time.
+    """
+
+    def __init__(self, model, tokenizer, device=None, max_batch_size: int = 512, fast="auto",
+                 return_logprobs: bool | None = None):
+        device = torch.device(device) if device is not None else next(model.parameters()).device
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        engine_model = copy.deepcopy(model)
+        for p in engine_model.parameters():  # parameters only: rotary inv_freq buffers stay float32
+            p.data = p.data.to(device=device, dtype=dtype)
+        for b in engine_model.buffers():
+            b.data = b.data.to(device=device)
+        self.model = engine_model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.device, self.max_batch_size = device, max_batch_size
+        self.return_logprobs = device.type == "cuda" if return_logprobs is None else return_logprobs
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        eos = self.model.generation_config.eos_token_id if self.model.generation_config is not None else None
+        self.stop_ids = {tokenizer.eos_token_id} | ({eos} if isinstance(eos, int) else set(eos or []))
+        self.decoder = None
+        if fast is True or (fast == "auto" and device.type == "cuda"):
+            try:
+                self.decoder = StaticDecoder(self.model, self.stop_ids, self.pad_id, use_graphs=device.type == "cuda")
+            except ValueError as e:
+                if fast is True:
+                    raise
+                warnings.warn(f"HFEngine falls back to eager generate: {e}")
+        self.fast = self.decoder is not None
+
+    @torch.no_grad()
+    def update_weights(self, state_dict) -> None:
+        """Copy the trainer's weights in place: parameter storage (and so captured graphs) stays valid."""
+        own = self.model.state_dict()
+        unexpected, missing = set(state_dict) - set(own), set(own) - set(state_dict)
+        if unexpected or missing:
+            raise KeyError(f"state_dict does not match the engine's model: unexpected {sorted(unexpected)[:5]}, "
+                           f"missing {sorted(missing)[:5]}")
+        for name, value in state_dict.items():
+            own[name].copy_(value, non_blocking=True)
+
+    def _pad(self, rows: list[list[int]], batch: int):
+        """Left-pad rows to one length; extra rows up to `batch` repeat row 0 (graph batch buckets)."""
+        rows = rows + [rows[0]] * (batch - len(rows))
+        width = max(len(r) for r in rows)
+        ids = torch.full((batch, width), self.pad_id, dtype=torch.long)  # [B, P]
+        mask = torch.zeros((batch, width), dtype=torch.bool)  # [B, P]
+        for i, r in enumerate(rows):
+            ids[i, width - len(r):] = torch.tensor(r)
+            mask[i, width - len(r):] = True
+        return ids.to(self.device), mask.to(self.device)
+
+    def _bucket(self, n: int) -> int:
+        """Graph batch size for n rows: powers of two (capped), so capture happens for few sizes."""
+        if not (self.fast and self.decoder.use_graphs):
+            return n
+        return min(self.max_batch_size, 1 << (n - 1).bit_length())
+
+    def _eager_chunk(self, rows, max_new_tokens, temperature, ignore_eos):
+        ids, mask = self._pad(rows, len(rows))
+        kwargs = dict(max_new_tokens=max_new_tokens, do_sample=temperature > 0, eos_token_id=sorted(self.stop_ids),
+                      pad_token_id=self.pad_id)
+        if temperature > 0:
+            kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
+        if ignore_eos:
+            kwargs["min_new_tokens"] = max_new_tokens
+        recorder = _LogprobRecorder(temperature) if self.return_logprobs else None
+        out = self.model.generate(input_ids=ids, attention_mask=mask.long(),
+                                  logits_processor=LogitsProcessorList([recorder] if recorder else []), **kwargs)
+        response = out[:, ids.shape[1]:]  # [B, steps]; finished rows are padded with pad (== EOS for SmolLM2)
+        logprobs = recorder.finish(response).cpu() if recorder else None
+        return response.cpu(), logprobs
+
+    @torch.no_grad()
+    def generate(self, prompt_ids, n: int, max_new_tokens: int, temperature: float, seed: int,
+                 ignore_eos: bool = False) -> Generation:
+        """ignore_eos runs exactly max_new_tokens steps (benchmarks); responses are then still cut at EOS."""
+        if max_new_tokens < 1 or temperature < 0:
+            raise ValueError(f"need max_new_tokens >= 1 and temperature >= 0, got {max_new_tokens}, {temperature}")
+        rows, prompt_index = repeat_prompts(prompt_ids, n)
+        token_ids, finish, logprobs = [], [], [] if self.return_logprobs else None
+        with _seeded(seed, self.device):
+            for c, start in enumerate(range(0, len(rows), self.max_batch_size)):
+                chunk = rows[start:start + self.max_batch_size]
+                if self.fast:
+                    ids, mask = self._pad(chunk, self._bucket(len(chunk)))
+                    tokens, lps = self.decoder.run(ids, mask, len(chunk), max_new_tokens, temperature,
+                                                   seed + 7919 * c, ignore_eos)
+                else:
+                    torch.manual_seed(seed + 7919 * c)
+                    tokens, lps = self._eager_chunk(chunk, max_new_tokens, temperature, ignore_eos)
+                for i, row in enumerate(tokens.tolist()):
+                    kept, reason = cut_at_stop(row, self.stop_ids)
+                    token_ids.append(kept)
+                    finish.append(reason)
+                    if logprobs is not None:
+                        logprobs.append(lps[i, :len(kept)].tolist())
+        texts = self.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
+        return Generation(prompt_index=prompt_index, token_ids=token_ids, texts=texts, finish_reasons=finish,
+                          logprobs=logprobs)

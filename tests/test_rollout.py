@@ -1,0 +1,306 @@
+"""Rollout engines on CPU: the eager generate path, the static-cache fast path, and their agreement."""
+
+import http.server
+import importlib.util
+import json
+import math
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_knobs.models import load_model
+from grpo_knobs.rollout import Generation, make_engine
+from grpo_knobs.rollout.hf import HFEngine, sample_tokens
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, tokenizer, _ = load_model("tiny-random")
+    return model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny):
+    """Three plain-text prompts of different lengths (left padding matters), no special tokens."""
+    _, tokenizer = tiny
+    texts = ["The cat sat", "Seven plus five equals twelve, and eight", "A"]
+    return [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+
+
+def eos_likely(model, tokenizer, token):
+    """A state dict in which EOS's output row is twice `token`'s, so EOS wins wherever `token` would."""
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    head = state["lm_head.weight"]
+    head[tokenizer.eos_token_id] = 2 * head[token]
+    return state
+
+
+def scored_logprobs(model, prompt, response, temperature):
+    """Teacher-forced log-probs of `response` after `prompt` under softmax(logits / T) (T = 0: at T = 1)."""
+    ids = torch.tensor([prompt + response])  # [1, P + R]
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1:-1].float()  # [R, V]
+    logits = logits / temperature if temperature > 0 else logits
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]  # [R]
+
+
+def test_shapes_and_prompt_major_order(tiny, prompts):
+    model, tokenizer = tiny
+    engine = HFEngine(model, tokenizer, fast=False)
+    gen = engine.generate(prompts, n=3, max_new_tokens=6, temperature=0, seed=0)
+    assert isinstance(gen, Generation) and gen.num_responses == 9
+    assert gen.prompt_index == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert len(gen.texts) == len(gen.finish_reasons) == 9 and gen.logprobs is None
+    assert all(1 <= n <= 6 for n in gen.response_lengths)
+    # greedy: the n copies agree, and each block is what that prompt alone produces
+    for i, prompt in enumerate(prompts):
+        block = gen.token_ids[3 * i:3 * i + 3]
+        assert block[0] == block[1] == block[2]
+        assert engine.generate([prompt], n=1, max_new_tokens=6, temperature=0, seed=0).token_ids[0] == block[0]
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_eos_included_and_nothing_after(tiny, prompts, fast):
+    model, tokenizer = tiny
+    eos = tokenizer.eos_token_id
+    assert tokenizer.pad_token_id == eos  # the SmolLM2 tokenizer: masks must come from the first EOS
+    engine = HFEngine(model, tokenizer, fast=fast, return_logprobs=True)
+    first = engine.generate(prompts, n=1, max_new_tokens=12, temperature=0, seed=0)
+    engine.update_weights(eos_likely(model, tokenizer, first.token_ids[0][3]))
+    for temperature in (0, 0.5):  # at T = 0.5 samples stay close enough to the greedy path to meet EOS
+        gen = engine.generate(prompts, n=3, max_new_tokens=12, temperature=temperature, seed=1)
+        assert "stop" in gen.finish_reasons
+        for tokens, reason, lps in zip(gen.token_ids, gen.finish_reasons, gen.logprobs):
+            assert len(lps) == len(tokens)
+            assert eos not in tokens[:-1]
+            if reason == "stop":
+                assert tokens[-1] == eos
+            else:
+                assert reason == "length" and len(tokens) == 12 and tokens[-1] != eos
+    assert gen.token_ids[0][-1] == eos and not gen.texts[0].endswith(tokenizer.eos_token)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_seeded_determinism(tiny, prompts, fast):
+    model, tokenizer = tiny
+    engine = HFEngine(model, tokenizer, fast=fast)
+    torch.manual_seed(123)
+    a = engine.generate(prompts, n=2, max_new_tokens=8, temperature=1.0, seed=7)
+    after_a = torch.rand(1)
+    torch.manual_seed(123)
+    b = engine.generate(prompts, n=2, max_new_tokens=8, temperature=1.0, seed=7)
+    assert a.token_ids == b.token_ids
+    assert torch.equal(after_a, torch.rand(1))  # the caller's random stream is untouched
+    c = engine.generate(prompts, n=2, max_new_tokens=8, temperature=1.0, seed=8)
+    assert a.token_ids != c.token_ids
+    assert a.token_ids[0] != a.token_ids[1]  # copies of one prompt are independent samples
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_greedy_is_argmax(tiny, prompts, fast):
+    model, tokenizer = tiny
+    gen = HFEngine(model, tokenizer, fast=fast).generate(prompts, n=1, max_new_tokens=8, temperature=0, seed=0)
+    for prompt, response in zip(prompts, gen.token_ids):
+        ids = torch.tensor([prompt + response])
+        with torch.no_grad():
+            argmax = model(ids).logits[0, len(prompt) - 1:-1].argmax(-1)  # [R]
+        assert argmax.tolist() == response
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_update_weights_in_place(tiny, prompts, fast):
+    model, tokenizer = tiny
+    engine = HFEngine(model, tokenizer, fast=fast)
+    ptrs = {n: p.data_ptr() for n, p in engine.model.named_parameters()}
+    before = engine.generate(prompts, n=1, max_new_tokens=8, temperature=0, seed=0).token_ids
+    g = torch.Generator().manual_seed(0)
+    state = {k: v + 0.5 * torch.randn(v.shape, generator=g) for k, v in model.state_dict().items()}
+    engine.update_weights(state)
+    after = engine.generate(prompts, n=1, max_new_tokens=8, temperature=0, seed=0).token_ids
+    assert after != before
+    assert ptrs == {n: p.data_ptr() for n, p in engine.model.named_parameters()}
+    assert torch.equal(engine.model.lm_head.weight, state["lm_head.weight"])
+    with pytest.raises(KeyError, match="unexpected"):
+        engine.update_weights({"not.a.weight": torch.zeros(1)})
+
+
+def test_engine_owns_its_weights(tiny, prompts):
+    """The trainer's optimizer steps must not leak into generation before weight sync."""
+    model, tokenizer = tiny
+    engine = HFEngine(model, tokenizer, fast=False)
+    assert all(a.data_ptr() != b.data_ptr() for a, b in zip(model.parameters(), engine.model.parameters()))
+
+
+def test_fast_matches_eager(tiny, prompts):
+    model, tokenizer = tiny
+    kw = dict(n=3, max_new_tokens=12, temperature=0, seed=0)
+    eager = HFEngine(model, tokenizer, fast=False, return_logprobs=True, max_batch_size=4).generate(prompts, **kw)
+    fast = HFEngine(model, tokenizer, fast=True, return_logprobs=True, max_batch_size=4).generate(prompts, **kw)
+    assert fast.token_ids == eager.token_ids
+    assert fast.finish_reasons == eager.finish_reasons and fast.texts == eager.texts
+    for a, b in zip(fast.logprobs, eager.logprobs):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-4, rtol=1e-4)
+
+
+def test_fast_samples_match_eager_on_cpu(tiny, prompts):
+    """On CPU torch.multinomial draws one sample as an exponential race too, from the same seeded stream,
+    so the two paths sample identical tokens (a torch implementation detail: if this breaks alone, the
+    distribution tests below still hold)."""
+    model, tokenizer = tiny
+    kw = dict(n=2, max_new_tokens=12, temperature=0.8, seed=11)
+    eager = HFEngine(model, tokenizer, fast=False).generate(prompts, **kw)
+    fast = HFEngine(model, tokenizer, fast=True).generate(prompts, **kw)
+    assert fast.token_ids == eager.token_ids
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_sampled_logprobs_match_the_model(tiny, prompts, fast):
+    """Each sampled token's engine log-prob equals the teacher-forced one at T: the right distribution,
+    at the right positions, for both paths."""
+    model, tokenizer = tiny
+    engine = HFEngine(model, tokenizer, fast=fast, return_logprobs=True)
+    for temperature in (0.7, 1.0):
+        gen = engine.generate(prompts, n=2, max_new_tokens=10, temperature=temperature, seed=3)
+        for i, (tokens, lps) in enumerate(zip(gen.token_ids, gen.logprobs)):
+            expected = scored_logprobs(model, prompts[gen.prompt_index[i]], tokens, temperature)
+            torch.testing.assert_close(torch.tensor(lps), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_sampler_distribution():
+    """The fast path's exponential-race sampler draws from softmax(logits / T), untruncated."""
+    torch.manual_seed(0)
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -4.0])
+    temperature, draws = 0.7, 200_000
+    tokens, logprobs = sample_tokens(logits.expand(draws, -1), torch.tensor([1 / temperature]), greedy=False)
+    probs = torch.softmax(logits / temperature, -1)
+    freq = torch.bincount(tokens, minlength=6).double() / draws
+    assert (freq - probs).abs().max() < 4 * (probs * (1 - probs) / draws).sqrt().max()
+    torch.testing.assert_close(logprobs, probs.log()[tokens])
+    greedy, _ = sample_tokens(logits[None], torch.ones(1), greedy=True)
+    assert greedy.tolist() == [0]
+
+
+def test_make_engine_names(tiny):
+    model, tokenizer = tiny
+    assert make_engine("hf-fast", model, tokenizer).fast
+    assert not make_engine("hf", model, tokenizer).fast  # auto: eager on CPU
+    with pytest.raises(ValueError, match="hf-eager"):
+        make_engine("vllm", model, tokenizer)
+
+
+def test_ignore_eos_runs_every_step(tiny, prompts):
+    model, tokenizer = tiny
+    engine = HFEngine(model, tokenizer, fast=True)
+    first = engine.generate(prompts, n=1, max_new_tokens=12, temperature=0, seed=0)
+    engine.update_weights(eos_likely(model, tokenizer, first.token_ids[0][3]))
+    assert "stop" in engine.generate(prompts, n=1, max_new_tokens=12, temperature=0, seed=0).finish_reasons
+    eager = HFEngine(model, tokenizer, fast=False)
+    eager.update_weights(eos_likely(model, tokenizer, first.token_ids[0][3]))
+    gen = eager.generate(prompts, n=1, max_new_tokens=12, temperature=0, seed=0, ignore_eos=True)
+    assert gen.response_lengths == [12, 12, 12]  # generate's min_new_tokens suppresses EOS
+
+
+@pytest.mark.slow
+def test_smollm2_smoke():
+    model, tokenizer, _ = load_model("smollm2-135m-instruct")
+    questions = ["What is 2+3?", "Name a primary color.", "Say hello."]
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                             tokenize=True, return_dict=True)["input_ids"] for q in questions]
+    gen = make_engine("hf", model, tokenizer).generate(prompts, n=1, max_new_tokens=16, temperature=0, seed=0)
+    assert "5" in gen.texts[0]
+    assert all(t.strip() for t in gen.texts)
+    assert gen.finish_reasons[0] == "stop" and gen.token_ids[0][-1] == tokenizer.eos_token_id
+
+
+class FakeSGLang(http.server.BaseHTTPRequestHandler):
+    """Answers like SGLang's native API: row i gets tokens 100+i, 101+i, then EOS (listed in the log-probs
+    for even rows, only as finish_reason.matched for odd rows) or, for rows with input [9], runs to length."""
+
+    requests = []
+
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        FakeSGLang.requests.append((self.path, body))
+        if self.path == "/generate":
+            reply = []
+            for i, ids in enumerate(body["input_ids"]):
+                tokens = [100 + i, 101 + i]
+                if ids == [9]:
+                    reason = {"type": "length", "length": 2}
+                elif i % 2 == 0:
+                    tokens.append(2)
+                    reason = {"type": "stop", "matched": 2}
+                else:
+                    reason = {"type": "stop", "matched": 2}
+                pairs = [[-0.5 * (j + 1), t, None] for j, t in enumerate(tokens)]
+                reply.append({"text": "", "meta_info": {"finish_reason": reason, "output_token_logprobs": pairs}})
+        else:
+            reply = {"success": True, "message": "ok"}
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_sglang_client_against_fake_server(tiny, tmp_path):
+    from grpo_knobs.models import fetch_model
+    from grpo_knobs.rollout.sglang import SGLangEngine
+
+    model, tokenizer = tiny
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeSGLang)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        engine = SGLangEngine(fetch_model("tiny-random"), url=f"http://127.0.0.1:{server.server_port}",
+                              launch=False, tokenizer=tokenizer)
+        gen = engine.generate([[5, 6], [9]], n=2, max_new_tokens=2, temperature=1.0, seed=4)
+        path, body = FakeSGLang.requests[-1]
+        assert path == "/generate" and body["input_ids"] == [[5, 6], [5, 6], [9], [9]] and body["return_logprob"]
+        seeds = [sp["sampling_seed"] for sp in body["sampling_params"]]
+        assert len(set(seeds)) == 4
+        assert all(sp["top_k"] == -1 and sp["top_p"] == 1.0 and sp["stop_token_ids"] == [2]
+                   for sp in body["sampling_params"])
+        assert gen.prompt_index == [0, 0, 1, 1]
+        assert gen.token_ids[:2] == [[100, 101, 2], [101, 102, 2]]  # EOS kept, also when only "matched"
+        assert gen.finish_reasons == ["stop", "stop", "length", "length"]
+        assert gen.logprobs[0] == [-0.5, -1.0, -1.5] and math.isnan(gen.logprobs[1][2])
+        engine.update_weights(model.state_dict())
+        paths = [p for p, _ in FakeSGLang.requests[-2:]]
+        assert paths == ["/update_weights_from_disk", "/flush_cache"]
+        weights = Path(FakeSGLang.requests[-2][1]["model_path"])
+        assert (weights / "model.safetensors").is_file() and (weights / "config.json").is_file()
+        engine.close()
+        assert not weights.exists()
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is None or not torch.cuda.is_available(),
+                    reason="needs the sglang package and a CUDA GPU")
+@pytest.mark.gpu
+def test_sglang_engine_smoke():
+    from grpo_knobs.models import fetch_model
+    from grpo_knobs.rollout.sglang import SGLangEngine
+
+    model, tokenizer, _ = load_model("smollm2-135m-instruct", dtype=torch.bfloat16)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True,
+                                           tokenize=True, return_dict=True)["input_ids"]
+    with SGLangEngine(fetch_model("smollm2-135m-instruct"), tokenizer=tokenizer) as engine:
+        gen = engine.generate([prompt, prompt[:-3]], n=2, max_new_tokens=16, temperature=1.0, seed=0)
+        assert gen.prompt_index == [0, 0, 1, 1] and len(gen.logprobs[0]) == len(gen.token_ids[0])
+        for tokens, reason in zip(gen.token_ids, gen.finish_reasons):
+            assert (reason == "stop") == (tokens[-1] == tokenizer.eos_token_id)
+        greedy = engine.generate([prompt], n=1, max_new_tokens=16, temperature=0, seed=0)
+        assert "5" in greedy.texts[0]
+        engine.update_weights({k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()})
+        assert engine.generate([prompt], n=1, max_new_tokens=16, temperature=0, seed=0).token_ids != greedy.token_ids
