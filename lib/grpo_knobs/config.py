@@ -102,6 +102,9 @@ class RunConfig:
         plan.eval_points(self.response_budget, self.eval_every_responses)
         if self.num_steps_per_rollout is None:
             self.num_steps_per_rollout = plan.num_steps_per_rollout
+        from .data import list_tasks
+        if self.task not in list_tasks():
+            raise ValueError(f"Unknown task {self.task!r}; valid tasks: {', '.join(list_tasks())}.")
         if not self.lr > 0:
             raise ValueError(f"lr must be positive, got {self.lr}.")
         for name in ("adam_beta1", "adam_beta2"):
