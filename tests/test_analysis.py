@@ -10,6 +10,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import matplotlib
 
@@ -421,3 +422,215 @@ def test_every_figure_helper_draws(study):
         fig.savefig(io.BytesIO(), format="png", dpi=30)  # renders every artist
     plt.close("all")
 
+
+
+# --- incomplete studies: fallbacks ------------------------------------------
+def _subset_study(tmp_path: Path, runs: Sequence[str], name: str = "study", rename_arms: str = "",
+                  config: dict | None = None, drop: Sequence[str] = ()) -> Path:
+    """A study directory holding copies of some fixture runs.
+
+    ``rename_arms`` prefixes every arm (so the study's arm names are absent),
+    ``config`` overrides RunConfig fields and ``drop`` removes files (e.g.
+    ``test.parquet``) from every copied run.
+    """
+    root = tmp_path / name
+    for run in runs:
+        dest = _copy_run(root, run)
+        meta = json.loads((dest / "config.json").read_text())
+        if rename_arms and meta["config"].get("arm"):
+            meta["config"]["arm"] = rename_arms + meta["config"]["arm"]
+        meta["config"].update(config or {})
+        (dest / "config.json").write_text(json.dumps(meta))
+        for f in drop:
+            (dest / f).unlink(missing_ok=True)
+    return root
+
+
+COUNTDOWN_SCREENING = [f"countdown-screening-{arm}-s0" for arm in (
+    "onpolicy-small", "split-2", "split-4", "split-8", "batch-256", "onpolicy-large",
+    "group-4", "group-16", "group-32")]
+
+
+def test_match_targets_exact_then_family_then_none():
+    targets = {"countdown": [5.0], "countdown-2x10": [6.0, 12.0], "gsm8k": []}
+    matched, notes = an.match_targets(targets, ["countdown-2x10", "countdown-3x10", "countdown", "gsm8k", "other"])
+    assert matched == {"countdown-2x10": [6.0, 12.0], "countdown-3x10": [5.0], "countdown": [5.0]}
+    assert notes[0] == "countdown-3x10: no targets under 'countdown-3x10'; using the 'countdown' family's [5.0]"
+    assert notes[1].startswith("gsm8k: no accuracy target given") and notes[2].startswith("other: no accuracy")
+    assert an.task_family("countdown-2x10") == "countdown" and an.task_family("gsm8k") == "gsm8k"
+    assert an.task_family("countdownish") is None
+
+
+def test_phase_runs_falls_back_to_a_present_phase(study):
+    picked = an.phase_runs(study.runs, "confirmation")
+    assert (picked.phase, picked.notes, picked.tasks) == ("confirmation", [], ["gsm8k", "countdown"])
+    lr = an.phase_runs(study.runs, "lr-followup")
+    assert lr.tasks == ["countdown"] and lr.notes == ["gsm8k: no 'lr-followup' runs; skipping it"]
+    pilot = study.runs.assign(phase="pilot")
+    picked = an.phase_runs(pilot, "screening")
+    assert picked.phase == "pilot" and len(picked.runs) == len(pilot)
+    assert picked.notes == ["no 'screening' runs; using the 'pilot' runs instead (phases present: ['pilot'])"]
+
+
+def test_arms_are_derived_from_shapes_when_the_named_arms_are_absent(tmp_path, study):
+    renamed = an.load_study(_subset_study(tmp_path, COUNTDOWN_SCREENING, rename_arms="mini-"))
+    runs = renamed.runs
+    named = study.runs[(study.runs["task"] == "countdown") & (study.runs["phase"] == "screening")]
+    # Classifying runs by which knob differs recovers the study's three questions and its B arms.
+    for slug, (title, arms) in an.SCREENING_QUESTIONS.items():
+        derived = an.screening_question_arms(runs, slug)
+        assert derived.derived and derived.arms == ["mini-" + a for a in an.screening_question_arms(named, slug).arms]
+        assert sorted(derived.arms) == sorted("mini-" + a for a in arms)
+        assert not an.screening_question_arms(named, slug).derived
+    assert an.screening_question_arms(runs, "group_size").title == (
+        "Group size G at fixed B=128, S=4 (128/4/128/4 .. 16/32/128/4)")
+    assert an.group_arms(runs).note.startswith(
+        "group size arms derived from the runs (G varies at B=128, S=4, lr=3e-06)")
+    assert an.training_batch_arms(runs).arms == ["mini-onpolicy-small", "mini-batch-256", "mini-onpolicy-large"]
+    # Named arms win when two are present, in the given order.
+    assert an.group_arms(named, ["group-32", "group-4", "absent"]).arms == ["group-32", "group-4"]
+
+
+def test_study_without_group_arms_says_so(tmp_path):
+    runs = an.load_study(_subset_study(tmp_path, COUNTDOWN_SCREENING[:4], rename_arms="x-")).runs
+    missing = an.group_arms(runs)
+    assert missing.arms == [] and not missing.derived
+    assert "no runs that differ in G at a shared B, S, lr" in missing.note
+    assert an.screening_question_arms(runs, "optimizer_batch").arms == []
+    assert an.screening_question_arms(runs, "collection_size").arms == [f"x-{a}" for a in (
+        "onpolicy-small", "split-2", "split-4", "split-8")]
+    assert an.group_size_table(runs, missing.arms).empty
+
+
+def test_one_seed_without_test_rows(tmp_path):
+    root = _subset_study(tmp_path, ["countdown-confirmation-onpolicy-small-s1", "countdown-confirmation-group-4-s1"],
+                         drop=["test.parquet"])
+    one = an.load_study(root)
+    assert one.tests.empty and one.runs["test_accuracy"].isna().all()
+    runs = an.phase_runs(one.runs, "confirmation").runs
+    summary = an.summarize_curves(one.curves, runs)
+    assert (summary["n_seeds"] == 1).all()
+    assert (summary["accuracy_min_pct"] == summary["accuracy_max_pct"]).all()
+    labels = an.recipe_order(runs, "countdown", one.selection)
+    pairs, notes = an.comparable_pairs(runs, one.tests, "countdown", an.default_comparisons(labels))
+    assert pairs == [] and notes == ["countdown: no terminal test rows for any recipe; skipping the paired comparisons"]
+    assert an.truncation_table(runs)["test_truncation_pct"].isna().all()
+    # With test rows back for one recipe only, the pair is still skipped, naming the missing one.
+    shutil.copy(STUDY_DIR / "countdown-confirmation-group-4-s1" / "test.parquet",
+                root / "countdown-confirmation-group-4-s1" / "test.parquet")
+    tested = an.load_study(root)
+    pairs, notes = an.comparable_pairs(runs, tested.tests, "countdown", an.default_comparisons(labels))
+    assert pairs == [] and notes == [
+        f"countdown: {labels[1]} versus {labels[0]} skipped: no terminal test rows for Small one-update baseline"]
+    assert labels == ["Four answers, four updates", "Small one-update baseline"]  # no selection.json: sorted
+
+
+def test_summarize_curves_keeps_points_every_seed_has():
+    evals = pd.concat([_evals("a1", {0: [0, 0], 128: [1, 0], 256: [1, 1]}), _evals("a2", {0: [0, 1], 128: [1, 1]})])
+    runs = pd.DataFrame({"run_id": ["a1", "a2"], "task": "t", "label": "A", "seed": [1, 2]})
+    assert an.summarize_curves(an.eval_curves(evals), runs)["responses"].tolist() == [0, 128]
+
+
+def test_load_study_ignores_output_folders_and_skips_runs_without_records(tmp_path):
+    root = _subset_study(tmp_path, ["countdown-screening-split-4-s0", "countdown-screening-split-2-s0"])
+    (root / "countdown-screening-split-2-s0" / "evals.parquet").unlink()
+    (root / "figures").mkdir()
+    (root / "figures" / "learning_curves_countdown.png").write_bytes(b"png")
+    loaded = an.load_study(root)
+    assert loaded.runs["run_id"].tolist() == ["countdown-screening-split-4-s0"]
+    assert loaded.skipped.to_dict("records") == [
+        {"run_id": "countdown-screening-split-2-s0", "status": "complete, but no evals.parquet"}]
+
+
+def test_select_benchmark_matches_model_and_gpu():
+    bench = pd.concat([an.load_rollout_benchmark(BENCHMARK).assign(gpu="h200"),
+                       an.load_rollout_benchmark(BENCHMARK).assign(gpu="b200")], ignore_index=True)
+    runs = pd.DataFrame({"model": ["synthetic-model"], "device": ["cuda"], "gpu": ["NVIDIA B200"]})
+    rows, note = an.select_benchmark(bench, runs)
+    assert note is None and set(rows["gpu"]) == {"b200"}
+    rows, note = an.select_benchmark(bench, runs.assign(device="cpu", gpu=None))
+    assert rows is None and note.startswith("the runs ran on cpu, not on a benchmarked GPU (b200, h200)")
+    assert an.select_benchmark(bench, runs.assign(gpu="NVIDIA A100"))[0] is None
+    assert an.select_benchmark(bench, runs.assign(model="other"))[1].startswith("no benchmark rows for model other")
+    assert set(an.select_benchmark(bench, runs, gpu="h200")[0]["gpu"]) == {"h200"}
+    # Runs that recorded no device (the synthetic fixture) match by model: the first GPU.
+    assert set(an.select_benchmark(bench, pd.DataFrame({"model": ["synthetic-model"]}))[0]["gpu"]) == {"h200"}
+    assert an.select_benchmark(None, runs) == (None, "no rollout benchmark file")
+    assert an.throughput_column_for(pd.DataFrame({"fast_rollout": ["off", "off"]})) == "eager_tokens_per_s"
+    assert an.throughput_column_for(pd.DataFrame({"fast_rollout": ["off", "auto"]})) == "fast_tokens_per_s"
+    assert an.throughput_column_for(pd.DataFrame({"model": ["m"]})) == "fast_tokens_per_s"
+
+
+def test_figure_helpers_on_sparse_data(study):
+    plots.configure()
+    assert plots.axis_units("output_tokens", [0, 497]) == ("Generated output tokens", 1.0)
+    assert plots.axis_units("output_tokens", [0, 5e4]) == ("Generated output tokens (thousands)", 1e-3)
+    assert plots.axis_units("output_tokens", [0, 2e6]) == plots.CURVE_AXES["output_tokens"]
+    assert plots.axis_units("active_seconds", [0, 33.4]) == ("Active phase seconds", 1.0)
+    screening = _runs(study, "countdown", "screening")
+    two = ["group-4", "group-16"]
+    fig = plots.group_size_figure(an.mixed_group_points(study.collections, screening, two),
+                                  an.group_size_table(screening, two), "t")
+    assert [line.get_label() for line in fig.axes[0].get_lines()] == ["formula G=4", "formula G=16"]
+    bench = an.load_rollout_benchmark(BENCHMARK)
+    measured = an.measured_generation_throughput(study.collections, screening)
+    assert len(plots.critical_batch_figure(bench, measured, 512, None, None, 1.2, None, "t").axes) == 1
+    rt = an.responses_to_target(study.curves, screening, {"countdown": 5.78125})
+    assert len(plots.critical_batch_figure(None, measured, None, rt, 256, 1.2, rt.iloc[:0], "t").axes) == 1
+    with pytest.raises(ValueError, match="needs a benchmark"):
+        plots.critical_batch_figure(None, measured, None, None, None, 1.2, None, "t")
+    with pytest.raises(ValueError, match="needs audit rows"):
+        plots.reward_audit_figure(pd.DataFrame(), pd.DataFrame(), "t")
+    plt.close("all")
+
+
+def _run_notebook_inprocess(name: str, **params) -> None:
+    """Execute a notebook's code cells in this process, ``params`` overriding its parameters cell.
+
+    Far faster than a kernel per notebook; magics (``%matplotlib``) are dropped.
+    """
+    nb = json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text())
+    namespace: dict = {"__name__": f"notebook_{name[:2]}"}
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        source = "\n".join(line for line in "".join(cell["source"]).splitlines() if not line.lstrip().startswith("%"))
+        exec(compile(source, f"{name}.ipynb", "exec"), namespace)  # noqa: S102
+        if "parameters" in cell["metadata"].get("tags", []):
+            namespace.update(params)
+    plt.close("all")
+
+
+ANALYSIS_NOTEBOOKS = ("50_learning_curves", "51_confirmation", "52_time_to_target", "53_group_size",
+                      "54_reward_audit", "55_screening", "56_critical_batch")
+
+
+def test_every_notebook_runs_on_incomplete_studies(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    # Like the H200 pilot: one run of an unplanned phase, a task variant, no test rows, no
+    # selection, audit or initial model.
+    pilot = _subset_study(tmp_path, ["countdown-confirmation-onpolicy-large-s1"], name="pilot",
+                          config={"phase": "pilot", "task": "countdown-2x10"}, drop=["test.parquet"])
+    # Like the smoke study: screening arms under other names, confirmation with two seeds.
+    smoke = _subset_study(tmp_path, ["countdown-screening-onpolicy-small-s0", "countdown-screening-split-2-s0",
+                                     "countdown-screening-group-4-s0", "countdown-screening-split-4-s0"],
+                          name="smoke", rename_arms="mini-")
+    for study_dir, out in ((pilot, tmp_path / "pilot-figs"), (smoke, tmp_path / "smoke-figs")):
+        for name in ANALYSIS_NOTEBOOKS:
+            params = {"study_dir": str(study_dir), "out_dir": str(out)}
+            if name in ("50_learning_curves", "52_time_to_target"):
+                params["targets"] = {"countdown-2x10": [6.0], "countdown": [5.78125]}
+            _run_notebook_inprocess(name, **params)
+    printed = capsys.readouterr().out
+    assert "no 'confirmation' runs; using the 'pilot' runs instead" in printed
+    assert "countdown-2x10: no targets under 'countdown-2x10'; using the 'countdown' family's 5.78125" in printed
+    assert "countdown-2x10: only one recipe (Large one-update batch); no paired comparisons" in printed
+    assert "no terminal test rows for the 'pilot' runs; skipping the test truncation table" in printed
+    assert "neither a reward audit nor initial-model test rows; skipping the reward-audit figure" in printed
+    assert "countdown: group size arms derived from the runs (G varies at B=128, S=4" in printed
+    assert "countdown: no optimizer batch arms" in printed
+    assert sorted(p.name for p in (tmp_path / "pilot-figs").glob("*.png")) == [
+        "critical_batch_countdown-2x10.png", "learning_curves_countdown-2x10.png", "time_to_target_countdown-2x10.png"]
+    assert sorted(p.name for p in (tmp_path / "smoke-figs").glob("*.png")) == [
+        "critical_batch_countdown.png", "group_size_countdown.png", "learning_curves_countdown.png",
+        "screening_countdown.png", "time_to_target_countdown.png"]

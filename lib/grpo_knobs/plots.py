@@ -29,6 +29,23 @@ CURVE_AXES = {
 GROUP_SIZES = (4, 8, 16, 32)
 
 
+def axis_units(axis: str, values: np.ndarray | pd.Series) -> tuple[str, float]:
+    """(label, scale) of a curve x-axis, with units that suit the data's range.
+
+    :data:`CURVE_AXES` holds the study-sized units (minutes, millions of
+    tokens); a small run (the CPU smoke study: seconds and hundreds of
+    tokens) would show them as 0.00x ticks, so smaller units are used there.
+    """
+    label, scale = CURVE_AXES[axis]
+    finite = np.asarray(values, dtype=float)
+    top = float(np.nanmax(finite)) if finite.size and np.isfinite(finite).any() else 0.0
+    if axis == "active_seconds" and top < 120:
+        return "Active phase seconds", 1.0
+    if axis == "output_tokens" and top < 1e5:
+        return ("Generated output tokens (thousands)", 1e-3) if top >= 1e3 else ("Generated output tokens", 1.0)
+    return label, scale
+
+
 def configure() -> None:
     """Style and determinism settings (fixed SVG ids) shared by every figure."""
     mpl.rcParams.update({
@@ -95,12 +112,13 @@ def learning_curves_figure(summaries: Mapping[str, pd.DataFrame], labels: Sequen
     """Validation accuracy against each x-axis of ``summaries`` (one panel each) for one task.
 
     ``summaries`` maps a :data:`CURVE_AXES` key to the output of
-    :func:`grpo_knobs.analysis.summarize_curves` restricted to the task.
+    :func:`grpo_knobs.analysis.summarize_curves` restricted to the task;
+    x units follow the data (:func:`axis_units`).
     """
     colors = label_colors(labels)
     fig, axes = plt.subplots(1, len(summaries), figsize=(3.6 * len(summaries), 3.4), sharey=True, squeeze=False)
     for ax, (axis, summary) in zip(axes[0], summaries.items()):
-        name, scale = CURVE_AXES[axis]
+        name, scale = axis_units(axis, summary["x"] if "x" in summary else [])
         for label in labels:
             s = summary[summary["label"] == label].sort_values("responses")
             if not s.empty:
@@ -109,13 +127,19 @@ def learning_curves_figure(summaries: Mapping[str, pd.DataFrame], labels: Sequen
                                 colors[label], label)
         for target in targets:
             ax.axhline(target, color="0.4", ls="--", lw=0.8)
-            ax.annotate(f"target {format_pct(target)}%", (0.01, target), xycoords=("axes fraction", "data"),
-                        fontsize=7, color="0.3", va="bottom")
+        ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))  # ticks stay apart
         ax.set_xlabel(name)
+    # Target labels beside the last panel and the legend below the panels, so neither hides a curve.
+    for target in targets:
+        axes[0, -1].annotate(f"target {format_pct(target)}%", (1.02, target), xycoords=("axes fraction", "data"),
+                             fontsize=7, color="0.3", va="center", annotation_clip=False)
     axes[0, 0].set_ylabel("Validation accuracy (%)")
-    axes[0, 0].legend(loc="lower right")
+    handles, names = axes[0, 0].get_legend_handles_labels()
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
+    if handles:
+        fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(names), 4),
+                   frameon=False)
     return fig
 
 
@@ -142,23 +166,32 @@ def time_to_target_figure(table: pd.DataFrame, labels: Sequence[str], title: str
                 ax.text(row.censored_at * 1.07, y, f"not reached by {row.censored_at:,.0f}", va="center",
                         fontsize=7, color=color)
         ax.set_yticks(range(len(rows)), [f"{r.recipe} s{r.seed}" for r in rows.itertuples()], fontsize=7)
+        ax.set_ylim(-0.6, len(rows) - 0.4)
         ax.set_title(f"target {format_pct(target)}%")
-        ax.set_xlabel("Cumulative training responses (bracket: previous eval, first eval at/above]")
+        ax.set_xlabel("Cumulative training responses")
     # Room for the longest bracket and for the "not reached" notes.
-    x_max = np.nanmax([table["responses_high"].max(), 1.45 * table["censored_at"].max(), 1.0])
+    x_max = np.nanmax([table["responses_high"].max(), 1.6 * table["censored_at"].max(), 1.0])
     axes[0, 0].set_xlim(0, 1.05 * x_max)
     fig.suptitle(title, fontsize=10)
+    fig.supxlabel("bar: (previous evaluation, first evaluation at or above the target];  "
+                  "arrow: not reached by the last evaluation", fontsize=8)
     fig.tight_layout()
     return fig
 
 
 def group_size_figure(points: pd.DataFrame, sizes: pd.DataFrame, title: str,
-                      group_sizes: Sequence[int] = GROUP_SIZES) -> Figure:
+                      group_sizes: Sequence[int] | None = None) -> Figure:
     """Mixed-group formula over p per G with measured collections overlaid, and prompts exposed.
 
     ``points``: :func:`analysis.mixed_group_points` for one task;
-    ``sizes``: :func:`analysis.group_size_table` for the same task.
+    ``sizes``: :func:`analysis.group_size_table` for the same task (not
+    empty). Formula curves are drawn for ``group_sizes``, by default the
+    group sizes in ``sizes``.
     """
+    if sizes.empty:
+        raise ValueError("group_size_figure needs at least one group arm in sizes")
+    if group_sizes is None:
+        group_sizes = sorted(int(g) for g in sizes["G"].unique())
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(9.5, 3.6), gridspec_kw={"width_ratios": [1.6, 1]})
     p = np.linspace(0, 1, 401)
     cmap = plt.get_cmap("viridis")
@@ -187,6 +220,8 @@ def reward_audit_figure(audit: pd.DataFrame, initial: pd.DataFrame, title: str) 
     """Strict vs flexible accuracy of the initial model: audited outputs and terminal test."""
     sources = [("audited outputs", audit), ("initial terminal test", initial)]
     sources = [(name, frame) for name, frame in sources if not frame.empty]
+    if not sources:
+        raise ValueError("reward_audit_figure needs audit rows or initial-model test rows")
     fig, axes = plt.subplots(1, len(sources), figsize=(4.2 * len(sources), 3.2), squeeze=False)
     for ax, (name, frame) in zip(axes[0], sources):
         x = np.arange(len(frame))
@@ -194,6 +229,8 @@ def reward_audit_figure(audit: pd.DataFrame, initial: pd.DataFrame, title: str) 
             bars = ax.bar(x + offset, frame[col], width=0.4, label=lab)
             ax.bar_label(bars, fmt="%.1f", fontsize=7)
         ax.set_xticks(x, frame["task"])
+        if not (frame[["strict_pct", "flexible_pct"]].to_numpy() > 0).any():
+            ax.set_ylim(0, 100)
         ax.set_ylabel("Accuracy (%)")
         ax.set_title(name)
         ax.legend()
@@ -219,28 +256,47 @@ def screening_figure(tables: Mapping[str, pd.DataFrame], title: str) -> Figure:
             row[0].plot(x, t["study_val_pct"], "o", mfc="none", mec="k", label="study (published)")
             row[1].plot(x, t["study_job_min"] / t["study_job_min"].iloc[0], "o", mfc="none", mec="k",
                         label="study (published)")
+        ticks = [f"{r.arm}\n{r.P}/{r.G}/{r.B}/{r.S}" for r in t.itertuples()] if {"P", "G", "B", "S"} <= set(t) \
+            else t["arm"]
         for ax in row:
-            ax.set_xticks(x, t["arm"], fontsize=7)
+            ax.set_xticks(x, ticks, fontsize=7)
+        top = np.nanmax([t["val_pct"].max(), t["study_val_pct"].max() if has_study else 0.0])
+        top = 1.15 * top if top > 0 else 100.0
+        row[0].set_ylim(0, top)
+        # Values inside tall bars (clear of the study's circles at their tops), above short ones,
+        # so a 0% bar still reads as a measured zero rather than missing data.
+        for xi, value in zip(x, t["val_pct"]):
+            inside = value >= 0.3 * top
+            row[0].text(xi, value / 2 if inside else value + 0.02 * top, f"{value:.1f}", ha="center",
+                        va="center" if inside else "bottom", fontsize=7, color="white" if inside else "black")
         row[0].set_ylabel("Final val. accuracy (%)")
         row[1].set_ylabel(f"Job time / {t['arm'].iloc[0]}")
         row[0].set_title(question, loc="left", fontsize=9)
-        row[0].legend(fontsize=7)
+        if has_study:
+            row[0].legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
 
 
 def critical_batch_figure(bench: pd.DataFrame | None, measured: pd.DataFrame, critical_gen: float | None,
-                          rt: pd.DataFrame, critical_train: float | None, tolerance: float,
-                          prediction: pd.DataFrame | None, title: str) -> Figure:
+                          rt: pd.DataFrame | None, critical_train: float | None, tolerance: float,
+                          prediction: pd.DataFrame | None, title: str,
+                          throughput_column: str | None = None) -> Figure:
     """Throughput over batch, responses-to-target over B, predicted vs measured time-to-target.
 
-    The throughput and prediction panels need the rollout benchmark and are
-    left out when ``bench`` is None. ``measured``:
-    :func:`analysis.measured_generation_throughput`; ``rt``:
-    :func:`analysis.responses_to_target` rows of the training-batch arms.
+    Each panel is drawn only when it has data: the throughput panel needs the
+    rollout benchmark (``bench``), the responses-to-target panel rows in
+    ``rt`` and the prediction panel rows in ``prediction`` (and ``bench``).
+    ``measured``: :func:`analysis.measured_generation_throughput`; ``rt``:
+    :func:`analysis.responses_to_target` rows of the training-batch arms;
+    ``throughput_column``: the benchmark column ``critical_gen`` was read from.
     """
-    n_panels = 3 if bench is not None else 1
+    has_rt = rt is not None and not rt.empty
+    has_prediction = prediction is not None and not prediction.empty and bench is not None
+    n_panels = int(bench is not None) + int(has_rt) + int(has_prediction)
+    if n_panels == 0:
+        raise ValueError("critical_batch_figure needs a benchmark, responses-to-target rows or a prediction")
     fig, axes = plt.subplots(1, n_panels, figsize=(4.4 * n_panels, 3.6), squeeze=False)
     axes = list(axes[0])
     if bench is not None:
@@ -248,18 +304,43 @@ def critical_batch_figure(bench: pd.DataFrame | None, measured: pd.DataFrame, cr
         for col, style in (("eager_tokens_per_s", "s--"), ("fast_tokens_per_s", "o-"),
                            ("bandwidth_bound_tokens_per_s", ":")):
             ax.plot(bench["batch"], bench[col], style, ms=3, label=f"benchmark {col.removesuffix('_tokens_per_s')}")
-        ax.plot(measured["generation_batch"], measured["tokens_per_s"], "kx", label="runs: measured generation")
+        if not measured.empty:
+            ax.plot(measured["generation_batch"], measured["tokens_per_s"], "kx", label="runs: measured generation")
         if critical_gen is not None:
-            ax.axvline(critical_gen, color="tab:red", ls="--", lw=1)
-            ax.annotate(f"critical generation batch {critical_gen:g}", (critical_gen, 0.03),
-                        xycoords=("data", "axes fraction"), rotation=90, fontsize=7, color="tab:red", ha="right")
+            which = f" ({throughput_column.removesuffix('_tokens_per_s')})" if throughput_column else ""
+            ax.axvline(critical_gen, color="tab:red", ls="--", lw=1,
+                       label=f"critical generation batch {critical_gen:g}{which}")
+        # Log axes: eager, fast and bandwidth-bound throughput differ by orders of magnitude.
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(mpl.ticker.ScalarFormatter())
-        ax.set_ylim(0, 1.15 * bench["fast_tokens_per_s"].max())
+        ax.set_yscale("log")
         ax.set_xlabel("Concurrent generation batch (responses)")
-        ax.set_ylabel("Output tokens / s")
-        ax.legend(fontsize=6)
-    ax = axes.pop(0)
+        ax.set_ylabel("Output tokens / s (log scale)")
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+    if has_rt:
+        _responses_to_target_panel(axes.pop(0), rt, critical_train, tolerance)
+    if has_prediction:
+        ax = axes.pop(0)
+        hi = 1.1 * max(prediction["measured_active_s"].max(), prediction["predicted_active_s"].max(), 1.0)
+        ax.plot([0, hi], [0, hi], color="0.5", lw=0.8, ls="--", label="predicted = measured")
+        # One color and marker per arm with a legend: arms often land close together, where text labels collide.
+        cmap, markers = plt.get_cmap("tab10"), "osD^v<>p"
+        for i, row in enumerate(prediction.itertuples()):
+            ax.plot(row.measured_active_s, row.predicted_active_s, markers[(i // 10) % len(markers)],
+                    color=cmap(i % 10), ms=5, alpha=0.85, label=row.arm)
+        ax.set_xlim(0, hi)
+        ax.set_ylim(0, hi)
+        ax.set_xlabel("Measured active seconds to target")
+        ax.set_ylabel("Predicted active seconds to target")
+        ax.legend(fontsize=6, loc="upper left", ncol=2 if len(prediction) > 6 else 1)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _responses_to_target_panel(ax: plt.Axes, rt: pd.DataFrame, critical_train: float | None,
+                               tolerance: float) -> None:
+    """Responses to target over the optimizer batch B; censored arms as "not reached by N"."""
     reached = rt[rt["reached"]]
     ax.plot(reached["global_batch_size"], reached["responses_needed"], "o", color="tab:blue", label="reached")
     for row in reached.itertuples():
@@ -279,21 +360,5 @@ def critical_batch_figure(bench: pd.DataFrame | None, measured: pd.DataFrame, cr
     ax.set_xticks(sorted(rt["global_batch_size"].unique()))
     ax.set_ylim(bottom=0)
     ax.set_xlabel("Optimizer batch B (responses per update)")
-    ax.set_ylabel("Responses to target (first eval at/above)")
+    ax.set_ylabel("Responses to target\n(first evaluation at or above it)")
     ax.legend(fontsize=7)
-    if prediction is not None and bench is not None:
-        ax = axes.pop(0)
-        ax.plot(prediction["measured_active_s"], prediction["predicted_active_s"], "o")
-        for row in prediction.itertuples():
-            ax.annotate(row.arm, (row.measured_active_s, row.predicted_active_s), fontsize=6,
-                        textcoords="offset points", xytext=(3, 2))
-        hi = 1.1 * max(prediction["measured_active_s"].max(), prediction["predicted_active_s"].max(), 1.0)
-        ax.plot([0, hi], [0, hi], color="0.5", lw=0.8, ls="--", label="predicted = measured")
-        ax.set_xlim(0, hi)
-        ax.set_ylim(0, hi)
-        ax.set_xlabel("Measured active seconds to target")
-        ax.set_ylabel("Predicted active seconds to target")
-        ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
