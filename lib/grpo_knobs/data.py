@@ -430,8 +430,11 @@ MAX_SAMPLING_MISSES = 100_000
 Value = Union[int, Fraction]
 
 
-def _combine(operator: str, left: Value, right: Value) -> Value | None:
-    """Exact arithmetic that stays in ``int`` until a division needs a Fraction."""
+def combine(operator: str, left: Value, right: Value) -> Value | None:
+    """Exact arithmetic that stays in ``int`` until a division needs a Fraction; None on x / 0.
+
+    The Countdown generator and the Countdown verifier share it, so a reference solution and a
+    graded answer are evaluated by the same rules."""
     if operator == "+":
         return left + right
     if operator == "-":
@@ -460,7 +463,7 @@ def reachable(numbers: tuple[int, ...], operators: str = "+-*/") -> dict[Value, 
         right = reachable(tuple(numbers[i] for i in indices if not mask >> i & 1), operators)
         for (a, a_text), (b, b_text) in itertools.product(left.items(), right.items()):
             for operator in operators:
-                value = _combine(operator, a, b)
+                value = combine(operator, a, b)
                 if value is not None and value not in values:
                     values[value] = f"{_wrap(a_text)} {operator} {_wrap(b_text)}"
     return values
@@ -479,7 +482,7 @@ def _random_expression(
         left = items.pop(rng.randrange(len(items)))
         right = items.pop(rng.randrange(len(items)))
         operator = rng.choice(operators)
-        value = _combine(operator, left[0], right[0])
+        value = combine(operator, left[0], right[0])
         if value is None:
             return None
         items.append((value, f"{_wrap(left[1])} {operator} {_wrap(right[1])}"))

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterable, Sequence
 
-from grpo_knobs.data import Problem, task_family
+from grpo_knobs.data import Problem, combine, task_family
 
 GRADING_MODES = ("flexible", "strict")
 
@@ -289,13 +289,7 @@ class _Parser:
 def _apply(operator: str, left: Fraction | None, right: Fraction | None) -> Fraction | None:
     if left is None or right is None:
         return None
-    if operator == "+":
-        return left + right
-    if operator == "-":
-        return left - right
-    if operator == "*":
-        return left * right
-    return None if right == 0 else left / right
+    return combine(operator, left, right)
 
 
 def parse_expression(text: str) -> Expression | None:
