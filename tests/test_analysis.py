@@ -620,6 +620,8 @@ def test_every_notebook_runs_on_incomplete_studies(tmp_path, monkeypatch, capsys
             params = {"study_dir": str(study_dir), "out_dir": str(out)}
             if name in ("50_learning_curves", "52_time_to_target"):
                 params["targets"] = {"countdown-2x10": [6.0], "countdown": [5.78125]}
+            if name == "56_critical_batch":  # the study's targets: countdown-2x10 falls back to its family
+                params["targets"] = {"gsm8k": 88.59375, "countdown": 5.78125}
             _run_notebook_inprocess(name, **params)
     printed = capsys.readouterr().out
     assert "no 'confirmation' runs; using the 'pilot' runs instead" in printed
@@ -634,3 +636,9 @@ def test_every_notebook_runs_on_incomplete_studies(tmp_path, monkeypatch, capsys
     assert sorted(p.name for p in (tmp_path / "smoke-figs").glob("*.png")) == [
         "critical_batch_countdown.png", "group_size_countdown.png", "learning_curves_countdown.png",
         "screening_countdown.png", "time_to_target_countdown.png"]
+
+
+def test_responses_to_target_without_a_target_for_the_studys_task_is_empty(study):
+    screening = study.runs[study.runs["phase"] == "screening"]
+    rt = an.responses_to_target(study.curves, screening, {"countdown-2x10": 6.0, "other-task": 1.0})
+    assert rt.empty and "responses_needed" in rt.columns and "arm" in rt.columns

@@ -1122,6 +1122,8 @@ def responses_to_target(curves: pd.DataFrame, runs: pd.DataFrame, targets: Mappi
     table = time_to_target_table(curves, runs[runs["phase"] == phase],
                                  {task: [t] for task, t in targets.items()})
     shape = runs[["run_id", "arm", *SHAPE_COLUMNS, "responses_per_collection"]]
+    if "run_id" not in table:  # no task of these runs has a target
+        return pd.DataFrame(columns=[*table.columns, "responses_needed", *shape.columns])
     table = table.merge(shape, on="run_id").rename(columns={"responses_high": "responses_needed"})
     return table
 
