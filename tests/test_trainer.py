@@ -56,6 +56,8 @@ def test_run_records_follow_the_schema_and_the_plan(tiny_run):
     assert t["active_phase"] == pytest.approx(t["generation"] + t["trainer"] + t["sync"])
     assert t["other"] == pytest.approx(t["job"] - sum(t[k] for k in ("generation", "trainer", "sync", "evaluation", "checkpoint", "init")))
     assert t["generation"] > 0 and t["trainer"] > 0
+    for phase in ("generation", "trainer", "sync"):  # per-collection phase seconds add up to the run's
+        assert sum(r["seconds"][phase] for r in rows) == pytest.approx(t[phase], rel=1e-6, abs=1e-9)
 
     conf = json.loads(run.config_path.read_text())
     assert conf["plan"]["num_steps_per_rollout"] == 2 and conf["plan"]["collections"] == 3
@@ -146,3 +148,13 @@ def test_terminal_test_job_writes_test_rows(tiny_run):
     with pytest.raises(FileExistsError):
         run_test_job(run.path.parent, {"run_id": cfg.resolved_run_id, "task": cfg.task, "model": str(run.final_path),
                                        "max_new_tokens": 8, "problems": 5, "device": "cpu"})
+
+
+def test_options_run_end_to_end(tmp_path):
+    """Dr. GRPO advantages, token-mean loss, a k3 KL penalty and fixed-size micro-batches."""
+    cfg = tiny_cfg(tmp_path, std_normalize_advantages=False, loss_aggregation="token-mean", kl_coef=0.05,
+                   micro_batch_size=3, max_tokens_per_micro_batch=None, response_budget=16, eval_every_responses=16)
+    run = RunDir(train(cfg, progress=False))
+    (row,) = run.collections()
+    assert [u["micro_batches"] for u in row["per_update"]] == [3, 3]  # 8 responses in slices of 3, 3, 2
+    assert json.loads(run.config_path.read_text())["config"]["kl_coef"] == 0.05

@@ -121,6 +121,11 @@ class PhaseClock:
         return out
 
 
+def _stack_padded(rows: list[torch.Tensor], width: int, device: torch.device) -> torch.Tensor:
+    """Per-response vectors [len_i] -> [m, width], zero-padded on the right."""
+    return torch.stack([torch.nn.functional.pad(t, (0, width - t.numel())) for t in rows]).to(device)
+
+
 def _sync_cuda() -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
@@ -257,14 +262,13 @@ class Trainer:
         for mb_idx in micro:
             mb = collate([seqs[i] for i in mb_idx], self.pad_id, self.device)
             r = mb.response_ids.size(1)
-            pad = lambda ts: torch.stack([torch.nn.functional.pad(t, (0, r - t.numel())) for t in ts]).to(self.device)  # noqa: E731
             with self._autocast():
                 logp = token_logprobs(self.model, mb, cfg.temperature)  # [m, R]
             terms = clipped_surrogate_loss(
-                logp, pad([old_logp[i] for i in mb_idx]), adv[mb_idx].to(self.device), mb.response_mask,
+                logp, _stack_padded([old_logp[i] for i in mb_idx], r, self.device), adv[mb_idx].to(self.device), mb.response_mask,
                 clip_low=cfg.clip_low, clip_high=cfg.clip_high, aggregation=cfg.loss_aggregation,
                 update_responses=len(idx), update_tokens=update_tokens,
-                ref_logp=pad([ref_logp[i] for i in mb_idx]) if ref_logp is not None else None, kl_coef=cfg.kl_coef)
+                ref_logp=_stack_padded([ref_logp[i] for i in mb_idx], r, self.device) if ref_logp is not None else None, kl_coef=cfg.kl_coef)
             terms.loss.backward()
             loss_total += float(terms.loss.detach())
             ratio_max = max(ratio_max, terms.ratio_max)
