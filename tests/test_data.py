@@ -264,7 +264,7 @@ def test_manifest_rows_and_hashes(task):
 def test_gsm8k_manifest_records_source_files(gsm8k_dir):
     source = json.loads((data.MANIFEST_DIR / "gsm8k.json").read_text())["splits"]["test"]["source"]
     assert source["files"]["test"]["path"] == "../shared/data/gsm8k/test.jsonl"
-    assert source["files"]["test"]["sha256"] == data._sha256_file(gsm8k_dir / "test.jsonl")
+    assert source["files"]["test"]["sha256"] == data.sha256_file(gsm8k_dir / "test.jsonl")
 
 
 def test_unknown_task_and_split():

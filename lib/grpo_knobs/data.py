@@ -40,6 +40,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterator, Union
 
+from .provenance import sha256_file
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MANIFEST_DIR = REPO_ROOT / "data_manifests"
 SPLITS = ("train", "validation", "test")
@@ -313,14 +315,6 @@ def resolve_gsm8k_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
 def _read_jsonl(path: Path) -> list[dict]:
     with open(path, encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _relative_to_repo(path: Path) -> str:
@@ -678,7 +672,7 @@ def _source_entries(spec: TaskSpec, data_dir) -> tuple[dict[str, tuple[Problem, 
     if source["kind"] == "hub":
         return splits, {split: {**source, **rule} for split in SPLITS}
     files = {
-        name: {"path": _relative_to_repo(path), "sha256": _sha256_file(path)}
+        name: {"path": _relative_to_repo(path), "sha256": sha256_file(path)}
         for name, path in source["paths"].items()
     }
     return splits, {

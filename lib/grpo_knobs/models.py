@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from .provenance import sha256_file
+
 CACHE_ENV = "GRPO_KNOBS_CACHE"
 GGUF_ENV = "GRPO_KNOBS_GGUF"
 WHEEL_DIR_ENV = "GRPO_KNOBS_WHEEL_DIR"
@@ -111,14 +113,6 @@ class ModelInfo:
 
 def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "grpo-knobs").expanduser()
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def weights_sha256(folder: Path) -> str:
