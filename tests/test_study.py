@@ -339,3 +339,32 @@ def test_driver_notebooks_run_the_pipeline(tmp_path, monkeypatch):
     selection = json.loads((study_dir / "selection.json").read_text())
     assert selection["recipes"] == {"countdown-2x10": ["t-small", "t-split"]}
     assert len(study.terminal_test_results(path, study_dir=study_dir)) == 3
+
+
+def test_visible_gpus_reads_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", " 2, 7,")
+    assert study.visible_gpus() == ["2", "7"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert study.visible_gpus() == []
+
+
+def test_parallel_workers_each_hold_their_own_gpu(monkeypatch):
+    """With jobs == GPUs, runs that overlap in time never share a device."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    spans = []
+
+    def fake_worker(unit, threads, gpu=None):  # stands in for the subprocess; records placement only
+        t0 = time.perf_counter()
+        time.sleep(0.05)
+        spans.append((gpu, t0, time.perf_counter()))
+        return study.JobResult(unit["config"]["run_id"], "screening", "complete")
+
+    monkeypatch.setattr(study, "_execute_in_worker", fake_worker)
+    units = [{"kind": "train", "config": {"run_id": f"r{i}"}} for i in range(6)]
+    results = study._execute_all(units, jobs=2, desc="t", progress=False)
+    assert [r.run_id for r in results] == [f"r{i}" for i in range(6)]
+    assert {g for g, _, _ in spans} == {"3", "5"}
+    for i, (g1, a1, b1) in enumerate(spans):
+        for g2, a2, b2 in spans[i + 1:]:
+            if a1 < b2 and a2 < b1:  # overlapping in time
+                assert g1 != g2

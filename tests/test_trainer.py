@@ -117,6 +117,20 @@ def test_resume_continues_from_the_last_saved_collection_and_matches(tiny_run, t
     assert not partial.resume_path.exists()
 
 
+def test_a_resume_that_cannot_load_its_state_marks_the_run_failed(tiny_run, tmp_path):
+    cfg, _ = tiny_run
+    crash_cfg = RunConfig(**(cfg.to_dict() | {"output_dir": str(tmp_path), "resume_every_collections": 1}))
+    with pytest.raises(_Crash):
+        CrashingTrainer(crash_cfg, progress=False).run_loop()
+    partial = RunDir(crash_cfg.run_dir)
+    (partial.resume_path / "optimizer.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(Exception):
+        train(RunConfig(**(crash_cfg.to_dict() | {"resume": True})), progress=False)
+    state = partial.state()
+    assert state["status"] == "failed" and "optimizer.pt" in state["traceback"]
+    assert len(partial.collections()) == 2  # the records already written are kept
+
+
 @pytest.mark.slow
 def test_smollm2_run_through_papermill(tmp_path):
     import papermill as pm

@@ -155,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("preset")
     st.add_argument("--phase", action="append", help="Only these phases (repeatable): screening, lr-followup, "
                                                      "selection, confirmation, test.")
-    st.add_argument("--jobs", type=int, default=1, help="CPU runs side by side.")
+    st.add_argument("--jobs", type=int, default=1, help="Runs side by side in worker processes; on GPUs, worker k uses GPU k mod n "
+                                                          "(use one job per GPU for clean phase times).")
     st.add_argument("--study-dir", default=None, help="Default: runs/<preset>.")
     st.add_argument("--executor", choices=["auto", "papermill", "inprocess"], default="auto")
     st.add_argument("--param", action="append", metavar="KEY=VALUE", help="Set one of the plan's params (repeatable).")

@@ -36,6 +36,7 @@ import fnmatch
 import gc
 import json
 import os
+import queue
 import re
 import subprocess
 import sys
@@ -850,10 +851,24 @@ def _execute_unit(unit: dict) -> JobResult:
     return _execute_test(unit["study_dir"], unit["job"])
 
 
-def _execute_in_worker(unit: dict, threads: int) -> JobResult:
-    """Run one unit in a fresh process with bounded threads (``--jobs N`` on CPU)."""
+def visible_gpus() -> list[str]:
+    """CUDA device ids that worker processes may be placed on ([] without CUDA)."""
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        return [d.strip() for d in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
+    try:
+        import torch
+    except ImportError:
+        return []
+    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+def _execute_in_worker(unit: dict, threads: int, gpu: str | None = None) -> JobResult:
+    """Run one unit in a fresh process with bounded threads, on one GPU when ``gpu`` is given."""
+    env = _subprocess_env(threads)
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
     proc = subprocess.run([sys.executable, "-m", "grpo_knobs.study", "--worker", str(threads)],
-                          input=json.dumps(unit), capture_output=True, text=True, env=_subprocess_env(threads))
+                          input=json.dumps(unit), capture_output=True, text=True, env=env)
     last = proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []
     if proc.returncode == 0 and last:
         return JobResult(**json.loads(last[0]))
@@ -879,8 +894,22 @@ def _execute_all(units: list[dict], jobs: int, desc: str, progress: bool) -> lis
             done(_execute_unit(unit | {"progress": progress}))
     else:
         threads = max(1, (os.cpu_count() or 1) // jobs)
+        # Worker slot k runs on GPU k mod n: with jobs equal to the GPU count each run has a GPU
+        # to itself, so its phase times are not inflated by another run sharing the device.
+        gpus = visible_gpus()
+        slots: queue.Queue[int] = queue.Queue()
+        for k in range(jobs):
+            slots.put(k)
+
+        def in_slot(unit: dict) -> JobResult:
+            k = slots.get()
+            try:
+                return _execute_in_worker(unit, threads, gpus[k % len(gpus)] if gpus else None)
+            finally:
+                slots.put(k)
+
         with ThreadPoolExecutor(jobs) as pool:
-            for future in as_completed([pool.submit(_execute_in_worker, u, threads) for u in units]):
+            for future in as_completed([pool.submit(in_slot, u) for u in units]):
                 done(future.result())
     bar.close()
     order = {(u["config"]["run_id"] if u["kind"] == "train" else u["job"]["run_id"]): i for i, u in enumerate(units)}
@@ -914,7 +943,9 @@ def run_study(preset: str | Path, phases: Iterable[str] | None = None, jobs: int
     Args:
         preset: preset name or plan file.
         phases: subset of screening, lr-followup, selection, confirmation, test (default all).
-        jobs: runs side by side in worker processes (CPU); 1 runs them here, one at a time.
+        jobs: runs side by side in worker processes; 1 runs them here, one at a time. With
+            CUDA, worker k uses GPU k mod n; more jobs than GPUs share devices, which
+            inflates every sharing run's phase times.
         study_dir: where run directories go (default runs/<study name>).
         executor: papermill (10_train.ipynb per run), inprocess (trainer.train), or auto.
         params: values for the plan's ``params``.

@@ -327,7 +327,9 @@ class Trainer:
             return 0, {}
         state = read_json(path / "state.json")
         load_model(self.model, str(path / "model.safetensors"), device=str(self.device))
-        extra = torch.load(path / "optimizer.pt", weights_only=False, map_location=self.device)
+        # On CPU: the RNG state must stay a CPU ByteTensor, and load_state_dict moves the
+        # optimizer state onto its parameters' device itself.
+        extra = torch.load(path / "optimizer.pt", weights_only=False, map_location="cpu")
         self.optimizer.load_state_dict(extra["optimizer"])
         torch.set_rng_state(extra["torch_rng"])
         np.random.set_state(extra["numpy_rng"])
@@ -343,19 +345,20 @@ class Trainer:
         resuming = self.run.create(cfg.resume)
         if resuming and self.run.is_complete():
             return self.run.path
-        self.setup()
-        start, counters = (self.load_resume_state() if resuming else (0, {}))
-        counters = counters or {"responses": 0, "updates": 0, "output_tokens": 0}
-        # Records past the last resumable state belong to work that will be redone.
-        self.run.truncate_collections(start)
-        self.run.truncate_evals(counters["responses"] if start else -1)
-        atomic_write_json(self.run.config_path, self._config_record())
-        self.run.write_state("running", start)
-        n_coll = cfg.collections
-        eval_points = set(cfg.eval_points)
-        save_every = cfg.resume_every_collections
-        bar = tqdm(total=n_coll, initial=start, desc=cfg.resolved_run_id, disable=not self.progress, unit="coll")
+        bar = None
         try:
+            self.setup()
+            start, counters = (self.load_resume_state() if resuming else (0, {}))
+            counters = counters or {"responses": 0, "updates": 0, "output_tokens": 0}
+            # Records past the last resumable state belong to work that will be redone.
+            self.run.truncate_collections(start)
+            self.run.truncate_evals(counters["responses"] if start else -1)
+            atomic_write_json(self.run.config_path, self._config_record())
+            self.run.write_state("running", start)
+            n_coll = cfg.collections
+            eval_points = set(cfg.eval_points)
+            save_every = cfg.resume_every_collections
+            bar = tqdm(total=n_coll, initial=start, desc=cfg.resolved_run_id, disable=not self.progress, unit="coll")
             if start == 0:
                 acc = self.evaluate(0, 0, 0, 0)
                 bar.set_postfix(val=f"{acc:.3f}")
@@ -403,7 +406,8 @@ class Trainer:
                 import shutil
                 shutil.rmtree(self.run.resume_path)
         except BaseException as exc:
-            bar.close()
+            if bar is not None:
+                bar.close()
             self._write_timings()
             done = len(self.run.collections())
             self.run.write_state("failed", done, error=f"{type(exc).__name__}: {exc}",
