@@ -14,7 +14,7 @@ STAMP  := $(VENV)/.installed
 # training and study drivers (10-45) are exercised by tests/ instead, with tiny budgets.
 NBVAL_NOTEBOOKS := notebooks/00_data.ipynb $(wildcard notebooks/5*.ipynb)
 
-.PHONY: setup study test clean-venv
+.PHONY: setup study test figures clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ study: setup
 
 test: setup
 	$(BIN)/python -m pytest tests $(NBVAL_NOTEBOOKS) --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg
+
+# Re-execute the committed analysis notebooks on results/h200-mini, rewriting figures/.
+figures: $(STAMP)
+	$(BIN)/grpo-knobs analyze --committed
 
 clean-venv:
 	rm -rf $(VENV)

@@ -92,6 +92,14 @@ def _cmd_study(a: argparse.Namespace) -> int:
 
 def _cmd_analyze(a: argparse.Namespace) -> int:
     from . import study
+    if a.committed:
+        if a.study_dir or a.out_dir:
+            raise SystemExit("--committed re-executes notebooks/5*.ipynb on their defaults; drop STUDY_DIR and --out-dir.")
+        for path in study.refresh_committed_notebooks():
+            print(f"refreshed: {path}")
+        return 0
+    if not a.study_dir:
+        raise SystemExit("analyze needs a STUDY_DIR (or --committed to refresh the committed notebooks).")
     for path in study.run_analysis(a.study_dir, a.out_dir):
         print(f"analysis: {path}")
     return 0
@@ -165,8 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(func=_cmd_study)
 
     an = sub.add_parser("analyze", help="Execute the analysis notebooks (50-56) on a study directory.")
-    an.add_argument("study_dir")
+    an.add_argument("study_dir", nargs="?")
     an.add_argument("--out-dir", default=None, help="Default: <study_dir>/figures.")
+    an.add_argument("--committed", action="store_true",
+                    help="Re-execute the committed notebooks in place (results/h200-mini -> figures/).")
     an.set_defaults(func=_cmd_analyze)
 
     au = sub.add_parser("audit", help="Reward audit: grade the initial model strict and flexible.")

@@ -1060,3 +1060,27 @@ def run_analysis(study_dir: str | Path, out_dir: str | Path | None = None,
                             cwd=str(REPO_ROOT), progress_bar=False, kernel_name="python3")
         written.append(target)
     return written
+
+
+def refresh_committed_notebooks(notebooks: Iterable[str] = ANALYSIS_NOTEBOOKS, progress: bool = True) -> list[Path]:
+    """Re-execute the committed analysis notebooks in place, on their default records.
+
+    Their parameter defaults read ``results/h200-mini`` and write ``figures/``; no parameters
+    are injected, and papermill's run metadata is dropped so a refresh diffs only in outputs.
+    """
+    import nbformat
+    import papermill as pm
+    from tqdm.auto import tqdm
+
+    written = []
+    for name in tqdm(list(notebooks), desc="committed notebooks", disable=not progress):
+        path = REPO_ROOT / "notebooks" / f"{name}.ipynb"
+        pm.execute_notebook(str(path), str(path), cwd=str(REPO_ROOT), progress_bar=False, kernel_name="python3")
+        nb = nbformat.read(path, as_version=4)
+        nb.metadata.pop("papermill", None)
+        for cell in nb.cells:
+            cell.metadata.pop("papermill", None)
+            cell.metadata.pop("execution", None)
+        nbformat.write(nb, path)
+        written.append(path)
+    return written
