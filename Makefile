@@ -7,6 +7,9 @@ BIN    := $(VENV)/bin
 # A pinned torch: on the CPU machines this resolves to a local CPU build; an unpinned
 # torch would pull a multi-GB CUDA build. GPU users may set TORCH_SPEC to their build.
 TORCH_SPEC ?= torch==2.13.0
+# Triton runs the fused decode kernels' tests in its CPU interpreter; 3.6.0 is the version the
+# H200 image pairs with its torch. With your own CUDA torch, set TRITON_SPEC= to keep its Triton.
+TRITON_SPEC ?= triton==3.6.0
 MODEL  ?= smollm2-135m-instruct
 PRESET ?= smoke
 STAMP  := $(VENV)/.installed
@@ -19,7 +22,7 @@ NBVAL_NOTEBOOKS := notebooks/00_data.ipynb $(wildcard notebooks/5*.ipynb)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" $(TRITON_SPEC)
 	$(BIN)/python -m pip install -q -e ".[test]"
 	touch $(STAMP)
 

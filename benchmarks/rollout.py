@@ -1,7 +1,7 @@
-"""Rollout throughput: eager `generate` against the static-cache fast path, and both against the memory bound.
+"""Rollout throughput: eager `generate` against the static-cache fast paths, and all against the memory bound.
 
-For each batch size the same prompts run through both HF engine paths, each for exactly `new_tokens`
-decode steps (EOS ignored) so the rates compare. A decode step must read every weight and each row's
+For each batch size the same prompts run through each HF engine path (eager, fast, fused), each for
+exactly `new_tokens` decode steps (EOS ignored) so the rates compare. A decode step must read every weight and each row's
 KV cache once, so bandwidth / bytes-per-step bounds the step rate; the fast path's fraction of that
 bound says how much is left to gain. Prints a table and writes the rows as JSON.
 
@@ -92,6 +92,23 @@ def timed_generate(engine: HFEngine, prompts, new_tokens: int, device: torch.dev
     return time.perf_counter() - start
 
 
+def fused_agreement(model, tokenizer, device, prompt_ids, batch: int, max_new_tokens: int = 64) -> dict:
+    """Greedy responses of the fast and fused paths side by side: the kernels' rounding differs, so
+    responses may part after a near-tie, but log-probs on their shared prefix should agree closely."""
+    prompts = [prompt_ids[i % len(prompt_ids)] for i in range(min(batch, 64))]
+    gens = {path: HFEngine(model, tokenizer, device=device, max_batch_size=len(prompts), fast=fast,
+                           return_logprobs=True).generate(prompts, n=1, max_new_tokens=max_new_tokens,
+                                                          temperature=0, seed=0)
+            for path, fast in (("fast", True), ("fused", "fused"))}
+    diffs, same = [], 0
+    for a, b, la, lb in zip(gens["fast"].token_ids, gens["fused"].token_ids, gens["fast"].logprobs, gens["fused"].logprobs):
+        same += a == b
+        shared = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        diffs += [abs(x - y) for x, y in zip(la[:shared], lb[:shared])]
+    return {"responses": len(prompts), "max_new_tokens": max_new_tokens, "identical_fraction": same / len(prompts),
+            "mean_abs_logprob_diff": sum(diffs) / max(len(diffs), 1)}
+
+
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", default="64,128,256,512,1024")
@@ -99,6 +116,9 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s; default: datasheet table or measured")
+    ap.add_argument("--paths", default="eager,fast,fused",
+                    help="engine paths side by side: eager (generate), fast (static cache + CUDA graphs), "
+                         "fused (fast plus the Triton decode kernels)")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/rollout-<gpu>.json)")
     args = ap.parse_args(argv)
 
@@ -111,36 +131,53 @@ def main(argv=None) -> list[dict]:
     bw, bw_source = bandwidth(device, args.bandwidth)
     kv_bytes = 2 if device.type == "cuda" else 4  # the engines run bf16 on CUDA, float32 on CPU
     gpu = gpu_slug(device)
-    engines = {path: HFEngine(model, tokenizer, device=device, max_batch_size=max(batches), fast=path == "fast",
-                              return_logprobs=False) for path in ("eager", "fast")}
+    paths = [p for p in args.paths.split(",") if p]
+    if paths[:2] != ["eager", "fast"] or not set(paths) <= {"eager", "fast", "fused"}:
+        raise SystemExit(f"--paths must start with eager,fast and may add fused, got {args.paths!r}")
+    engines = {path: HFEngine(model, tokenizer, device=device, max_batch_size=max(batches),
+                              fast={"eager": False, "fast": True, "fused": "fused"}[path], return_logprobs=False)
+               for path in paths}
     print(f"{info.name} on {gpu} ({device}); {args.new_tokens} decode steps per run, prompts of "
           f"{prompt_tokens:.0f} tokens; bandwidth {bw / 1e12:.2f} TB/s from {bw_source}")
-    print(f"{'batch':>6} {'eager tok/s':>12} {'fast tok/s':>11} {'eager ms/step':>14} {'fast ms/step':>13} "
-          f"{'ratio':>6} {'bound tok/s':>12} {'fast/bound':>10}")
+    print(f"{'batch':>6} " + " ".join(f"{p + ' tok/s':>12} {p + ' ms/step':>14}" for p in paths)
+          + " " + " ".join(f"{p + '/eager':>12}" for p in paths[1:]) + f" {'bound tok/s':>12} "
+          + " ".join(f"{p + '/bound':>11}" for p in paths[1:]))
     rows = []
     for batch in batches:
         prompts = [prompt_ids[i % len(prompt_ids)] for i in range(batch)]
         seconds = {}
         for path, engine in engines.items():
-            # warm-up with the timed shapes: the fast path captures its graphs here, eager warms cuBLAS
-            timed_generate(engine, prompts, args.new_tokens if path == "fast" else 4, device)
+            # warm-up with the timed shapes: the fast paths capture their graphs (and compile their
+            # kernels) here, eager warms cuBLAS
+            timed_generate(engine, prompts, args.new_tokens if path != "eager" else 4, device)
             seconds[path] = timed_generate(engine, prompts, args.new_tokens, device)
         tokens = batch * args.new_tokens
         bound = bound_tokens_per_s(engines["fast"].model, batch, prompt_tokens, args.new_tokens, bw, kv_bytes)
         row = {"gpu": gpu, "model": info.name, "batch": batch, "new_tokens": args.new_tokens,
-               "eager_tokens_per_s": tokens / seconds["eager"], "fast_tokens_per_s": tokens / seconds["fast"],
-               "bandwidth_bound_tokens_per_s": bound,
-               "eager_ms_per_step": 1e3 * seconds["eager"] / args.new_tokens,
-               "fast_ms_per_step": 1e3 * seconds["fast"] / args.new_tokens,
-               "fast_over_eager": seconds["eager"] / seconds["fast"],
-               "fast_fraction_of_bound": tokens / seconds["fast"] / bound,
-               "prompt_tokens_mean": prompt_tokens, "bandwidth_bytes_per_s": bw, "bandwidth_source": bw_source,
-               "fast_cuda_graphs": engines["fast"].decoder.use_graphs, "device": str(device),
-               "torch": torch.__version__}
+               "bandwidth_bound_tokens_per_s": bound}
+        for path in paths:
+            row[f"{path}_tokens_per_s"] = tokens / seconds[path]
+            row[f"{path}_ms_per_step"] = 1e3 * seconds[path] / args.new_tokens
+        for path in paths[1:]:
+            row[f"{path}_over_eager"] = seconds["eager"] / seconds[path]
+            row[f"{path}_fraction_of_bound"] = tokens / seconds[path] / bound
+        if "fused" in paths:
+            row["fused_over_fast"] = seconds["fast"] / seconds["fused"]
+        row.update({"prompt_tokens_mean": prompt_tokens, "bandwidth_bytes_per_s": bw, "bandwidth_source": bw_source,
+                    "fast_cuda_graphs": engines["fast"].decoder.use_graphs, "device": str(device),
+                    "torch": torch.__version__})
         rows.append(row)
-        print(f"{batch:>6} {row['eager_tokens_per_s']:>12,.0f} {row['fast_tokens_per_s']:>11,.0f} "
-              f"{row['eager_ms_per_step']:>14.2f} {row['fast_ms_per_step']:>13.2f} {row['fast_over_eager']:>6.2f} "
-              f"{bound:>12,.0f} {row['fast_fraction_of_bound']:>10.1%}")
+        print(f"{batch:>6} " + " ".join(f"{row[p + '_tokens_per_s']:>12,.0f} {row[p + '_ms_per_step']:>14.2f}"
+                                        for p in paths)
+              + " " + " ".join(f"{row[p + '_over_eager']:>12.2f}" for p in paths[1:]) + f" {bound:>12,.0f} "
+              + " ".join(f"{row[p + '_fraction_of_bound']:>11.1%}" for p in paths[1:]))
+    if "fused" in paths:
+        agreement = fused_agreement(model, tokenizer, device, prompt_ids, max(batches), min(64, args.new_tokens))
+        print(f"fused vs fast, greedy, {agreement['responses']} responses of up to {agreement['max_new_tokens']} "
+              f"tokens: {agreement['identical_fraction']:.0%} identical, mean |log-prob difference| "
+              f"{agreement['mean_abs_logprob_diff']:.2e} over shared prefixes")
+        for row in rows:
+            row["fused_agreement"] = agreement
     print("ms/step is wall time / decode steps, prefill included; the bound counts weights + KV reads only.")
     out = Path(args.out or f"benchmarks/results/rollout-{gpu}.json")
     out.parent.mkdir(parents=True, exist_ok=True)

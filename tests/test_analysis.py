@@ -559,6 +559,8 @@ def test_select_benchmark_matches_model_and_gpu():
     assert an.throughput_column_for(pd.DataFrame({"fast_rollout": ["off", "off"]})) == "eager_tokens_per_s"
     assert an.throughput_column_for(pd.DataFrame({"fast_rollout": ["off", "auto"]})) == "fast_tokens_per_s"
     assert an.throughput_column_for(pd.DataFrame({"model": ["m"]})) == "fast_tokens_per_s"
+    assert an.throughput_column_for(pd.DataFrame({"fast_rollout": ["fused", "fused"]})) == "fused_tokens_per_s"
+    assert an.throughput_column_for(pd.DataFrame({"fast_rollout": ["fused", "on"]})) == "fast_tokens_per_s"
 
 
 def test_figure_helpers_on_sparse_data(study):

@@ -21,6 +21,7 @@ def test_rollout_benchmark_cpu(tmp_path):
     assert [r["batch"] for r in rows] == [2, 4]
     for r in rows:
         assert r["gpu"] == "cpu" and r["model"] == "tiny-random" and r["new_tokens"] == 8
-        for field in ("eager_tokens_per_s", "fast_tokens_per_s", "bandwidth_bound_tokens_per_s",
-                      "eager_ms_per_step", "fast_ms_per_step"):
+        for field in ("eager_tokens_per_s", "fast_tokens_per_s", "fused_tokens_per_s", "bandwidth_bound_tokens_per_s",
+                      "eager_ms_per_step", "fast_ms_per_step", "fused_ms_per_step", "fused_over_fast"):
             assert r[field] > 0
+        assert r["fused_agreement"]["identical_fraction"] == 1.0  # float32 on CPU: the same greedy text

@@ -98,7 +98,7 @@ def test_seeded_determinism(tiny, prompts, fast):
     assert a.token_ids[0] != a.token_ids[1]  # copies of one prompt are independent samples
 
 
-@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("fast", [False, True, "fused"])
 def test_greedy_is_argmax(tiny, prompts, fast):
     model, tokenizer = tiny
     gen = HFEngine(model, tokenizer, fast=fast).generate(prompts, n=1, max_new_tokens=8, temperature=0, seed=0)
@@ -109,7 +109,7 @@ def test_greedy_is_argmax(tiny, prompts, fast):
         assert argmax.tolist() == response
 
 
-@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("fast", [False, True, "fused"])
 def test_update_weights_in_place(tiny, prompts, fast):
     model, tokenizer = tiny
     engine = HFEngine(model, tokenizer, fast=fast)
@@ -133,25 +133,27 @@ def test_engine_owns_its_weights(tiny, prompts):
     assert all(a.data_ptr() != b.data_ptr() for a, b in zip(model.parameters(), engine.model.parameters()))
 
 
-def test_fast_matches_eager(tiny, prompts):
+@pytest.mark.parametrize("fast", [True, "fused"])
+def test_fast_matches_eager(tiny, prompts, fast):
     model, tokenizer = tiny
     kw = dict(n=3, max_new_tokens=12, temperature=0, seed=0)
     eager = HFEngine(model, tokenizer, fast=False, return_logprobs=True, max_batch_size=4).generate(prompts, **kw)
-    fast = HFEngine(model, tokenizer, fast=True, return_logprobs=True, max_batch_size=4).generate(prompts, **kw)
+    fast = HFEngine(model, tokenizer, fast=fast, return_logprobs=True, max_batch_size=4).generate(prompts, **kw)
     assert fast.token_ids == eager.token_ids
     assert fast.finish_reasons == eager.finish_reasons and fast.texts == eager.texts
     for a, b in zip(fast.logprobs, eager.logprobs):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-4, rtol=1e-4)
 
 
-def test_fast_samples_match_eager_on_cpu(tiny, prompts):
+@pytest.mark.parametrize("fast", [True, "fused"])
+def test_fast_samples_match_eager_on_cpu(tiny, prompts, fast):
     """On CPU torch.multinomial draws one sample as an exponential race too, from the same seeded stream,
     so the two paths sample identical tokens (a torch implementation detail: if this breaks alone, the
     distribution tests below still hold)."""
     model, tokenizer = tiny
     kw = dict(n=2, max_new_tokens=12, temperature=0.8, seed=11)
     eager = HFEngine(model, tokenizer, fast=False).generate(prompts, **kw)
-    fast = HFEngine(model, tokenizer, fast=True).generate(prompts, **kw)
+    fast = HFEngine(model, tokenizer, fast=fast).generate(prompts, **kw)
     assert fast.token_ids == eager.token_ids
 
 

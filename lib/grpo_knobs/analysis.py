@@ -365,10 +365,13 @@ def select_benchmark(bench: pd.DataFrame | None, runs: pd.DataFrame,
 
 
 def throughput_column_for(runs: pd.DataFrame) -> str:
-    """``eager_tokens_per_s`` when every run generated with ``fast_rollout`` off, else
-    ``fast_tokens_per_s``: the benchmark column matching how the runs generated."""
+    """The benchmark column matching how the runs generated: ``eager_tokens_per_s`` when every
+    run had ``fast_rollout`` off, ``fused_tokens_per_s`` when every run had it fused, else
+    ``fast_tokens_per_s``."""
     modes = {str(m).lower() for m in runs["fast_rollout"].dropna()} if "fast_rollout" in runs else set()
-    return "eager_tokens_per_s" if modes and modes <= {"off", "false"} else "fast_tokens_per_s"
+    if modes and modes <= {"off", "false"}:
+        return "eager_tokens_per_s"
+    return "fused_tokens_per_s" if modes == {"fused"} else "fast_tokens_per_s"
 
 
 # ---------------------------------------------------------------------------

@@ -56,7 +56,8 @@ class RunConfig:
     generation_batch_size: int = field(default=512, metadata={"help": "Most sequences generated at once (concurrency cap)."})
     engine: str = field(default="hf", metadata={"help": "Rollout engine: hf or sglang."})
     engine_url: str | None = field(default=None, metadata={"help": "sglang: attach to this server instead of launching one."})
-    fast_rollout: str = field(default="auto", metadata={"help": "hf engine fast path: auto (GPU only), on, off."})
+    fast_rollout: str = field(default="auto", metadata={
+        "help": "hf engine fast path: auto (GPU only), on, off, or fused (on, plus the Triton decode kernels)."})
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda[:n]."})
     # --- records
     output_dir: str = field(default="runs/adhoc", metadata={"help": "Study directory; the run lives in output_dir/run_id."})
@@ -120,8 +121,8 @@ class RunConfig:
             raise ValueError(f"loss_aggregation must be one of {LOSS_AGGREGATIONS}, got {self.loss_aggregation!r}.")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}.")
-        if self.fast_rollout not in ("auto", "on", "off"):
-            raise ValueError(f"fast_rollout must be auto, on or off, got {self.fast_rollout!r}.")
+        if self.fast_rollout not in ("auto", "on", "off", "fused"):
+            raise ValueError(f"fast_rollout must be auto, on, off or fused, got {self.fast_rollout!r}.")
         if self.phase not in PHASES:
             raise ValueError(f"phase must be one of {PHASES}, got {self.phase!r}.")
         if self.micro_batch_size is not None and self.max_tokens_per_micro_batch is not None:

@@ -167,7 +167,7 @@ class Trainer:
             engine_kw: dict[str, Any] = {"device": self.device}
             if cfg.engine == "hf":
                 engine_kw.update(max_batch_size=cfg.generation_batch_size,
-                                 fast={"auto": "auto", "on": True, "off": False}[cfg.fast_rollout])
+                                 fast={"auto": "auto", "on": True, "off": False, "fused": "fused"}[cfg.fast_rollout])
             else:
                 engine_kw.update(url=cfg.engine_url)
             self.engine = make_engine(cfg.engine, self.model, self.tokenizer, **engine_kw)

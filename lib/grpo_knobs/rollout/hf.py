@@ -59,7 +59,8 @@ class StaticDecoder:
     The attended cache length grows in blocks, so early steps do not read the empty tail of the cache.
     """
 
-    def __init__(self, model, stop_ids, pad_id: int, use_graphs: bool, block: int = 64, prefill_rows: int = 64):
+    def __init__(self, model, stop_ids, pad_id: int, use_graphs: bool, block: int = 64, prefill_rows: int = 64,
+                 fused: bool = False):
         cfg = model.config
         layer_types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
         if cfg.model_type not in FAST_MODEL_TYPES or layer_types != {"full_attention"}:
@@ -77,6 +78,7 @@ class StaticDecoder:
         self.use_graphs, self.block, self.prefill_rows = use_graphs, block, prefill_rows
         self.graphs, self.pool = {}, None
         self.rows, self.cap = 0, 0
+        self.fused = _FusedWeights(model) if fused else None
 
     def _allocate(self, rows: int, cap: int):
         """Grow the cache and step state; graphs captured on the old buffers are dropped with them."""
@@ -157,10 +159,40 @@ class StaticDecoder:
         self.tok[:B].copy_(tok)
         self.step.add_(1)
 
+    def _forward_fused(self, B: int, kv_len: int):
+        """One decode token for rows :B through the fused kernels (kernels.py); returns [B, H] after the final norm."""
+        from .kernels import add_rms_norm, decode_attention, rotary_cache_write, silu_mul
+
+        f, bb = self.fused, self.backbone
+        x = bb.embed_tokens(self.tok[:B])  # [B, H] residual stream, updated in place
+        cos, sin = bb.rotary_emb(x[:, None], self.pos[:B, None])  # [B, 1, D]
+        cos, sin = cos[:, 0].contiguous(), sin[:, 0].contiguous()  # [B, D]
+        h = torch.empty_like(x)  # [B, H] normalised input of the next block
+        add_rms_norm(x, None, f.norms[0], f.eps, h)
+        for i, layer in enumerate(self.layers):
+            qkv = torch.nn.functional.linear(h, f.wqkv[i], f.bqkv[i])  # [B, (Hq + 2 Hkv) * D]
+            q = x.new_empty(B, self.n_heads, self.head_dim)  # [B, Hq, D]
+            rotary_cache_write(qkv, cos, sin, q, self.kv[i, 0], self.kv[i, 1], self.slot)
+            o = x.new_empty(B, self.n_heads * self.head_dim)  # [B, Hq * D]
+            decode_attention(q, self.kv[i, 0], self.kv[i, 1], self.valid, kv_len, layer.self_attn.scaling, o)
+            add_rms_norm(x, layer.self_attn.o_proj(o), f.norms[2 * i + 1], f.eps, h)
+            gate_up = torch.nn.functional.linear(h, f.wgu[i])  # [B, 2I]
+            act = silu_mul(gate_up, x.new_empty(B, gate_up.shape[1] // 2))  # [B, I]
+            add_rms_norm(x, layer.mlp.down_proj(act), f.norms[2 * i + 2], f.eps, h)
+        return h
+
+    def refresh_weights(self) -> None:
+        """Copy the model's current weights into the fused buffers (in place: captured graphs stay valid)."""
+        if self.fused is not None:
+            self.fused.refresh()
+
     def _decode(self, B: int, kv_len: int, greedy: bool):
         """One decode step for rows :B; every shape is fixed by (B, kv_len, greedy)."""
         self.valid[:B].index_fill_(1, self.slot, True)
-        hidden = self._forward(self.tok[:B, None], self.pos[:B, None], self.slot, kv_len, 0, B)  # [B, H]
+        if self.fused is not None:
+            hidden = self._forward_fused(B, kv_len)  # [B, H]
+        else:
+            hidden = self._forward(self.tok[:B, None], self.pos[:B, None], self.slot, kv_len, 0, B)  # [B, H]
         self._emit(hidden, B, greedy)
         self.pos[:B].add_(1)
         self.slot.add_(1)
@@ -237,6 +269,58 @@ class StaticDecoder:
         return self.out_tok[:n_real, :steps].cpu(), self.out_lp[:n_real, :steps].cpu()
 
 
+class _FusedWeights:
+    """Concatenated projection weights for the fused decode step: q|k|v and gate|up, one GEMM each.
+
+    They are copies, so ``refresh`` must follow every weight update; norms, o_proj and down_proj
+    are read from the model's own parameters.
+    """
+
+    def __init__(self, model):
+        cfg = model.config
+        layers = list(model.model.layers)
+        attn, mlp, norm = layers[0].self_attn, layers[0].mlp, layers[0].input_layernorm
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        problems = []
+        if hasattr(attn, "q_norm"):
+            problems.append("per-head q/k norms")
+        if getattr(cfg, "hidden_act", "silu") != "silu":
+            problems.append(f"activation {cfg.hidden_act!r}")
+        if head_dim & (head_dim - 1):
+            problems.append(f"head_dim {head_dim} (not a power of two)")
+        if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")) or not hasattr(norm, "variance_epsilon"):
+            problems.append("a non-llama MLP or norm")
+        if problems:
+            raise ValueError(f"the fused decode step does not support {', '.join(problems)}; use fast=True")
+        self.layers = layers
+        self.eps = float(norm.variance_epsilon)
+        # [in_0, post_0, in_1, post_1, ..., final]: entry 2i+1 is layer i's post-attention norm, 2i+2 the next input norm
+        self.norms = [w for layer in layers for w in (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)]
+        self.norms.append(model.model.norm.weight)
+        self.wqkv = [self._qkv_weight(layer) for layer in layers]  # [(Hq + 2 Hkv) * D, H] each
+        self.bqkv = [self._qkv_bias(layer) for layer in layers]  # [(Hq + 2 Hkv) * D] or None
+        self.wgu = [torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]) for layer in layers]  # [2I, H]
+
+    @staticmethod
+    def _qkv_weight(layer):
+        a = layer.self_attn
+        return torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+
+    @staticmethod
+    def _qkv_bias(layer):
+        a = layer.self_attn
+        biases = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
+        return None if all(b is None for b in biases) else torch.cat(biases)
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        for i, layer in enumerate(self.layers):
+            self.wqkv[i].copy_(self._qkv_weight(layer))
+            if self.bqkv[i] is not None:
+                self.bqkv[i].copy_(self._qkv_bias(layer))
+            self.wgu[i].copy_(torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]))
+
+
 class _LogprobRecorder(LogitsProcessor):
     """A logits processor that records each sampled token's log-prob while `generate` runs.
 
@@ -275,7 +359,9 @@ class HFEngine(RolloutEngine):
     """Generation from a private copy of a transformers causal LM (bf16 on CUDA, float32 on CPU).
 
     fast: True uses the StaticDecoder (CUDA graphs on CUDA, the same loop run eagerly on CPU so tests can
-    compare it with generate); False uses `model.generate`; "auto" is fast on CUDA when supported.
+    compare it with generate); "fused" also replaces each decode layer's small kernels with the Triton
+    kernels of kernels.py (interpreted on CPU); False uses `model.generate`; "auto" is True on CUDA
+    when supported.
     return_logprobs: defaults to True on CUDA and False on CPU, where generate's recorder costs time.
     """
 
@@ -295,12 +381,15 @@ class HFEngine(RolloutEngine):
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         eos = self.model.generation_config.eos_token_id if self.model.generation_config is not None else None
         self.stop_ids = {tokenizer.eos_token_id} | ({eos} if isinstance(eos, int) else set(eos or []))
+        if fast not in (True, False, "auto", "fused"):
+            raise ValueError(f"fast must be True, False, 'auto' or 'fused', got {fast!r}")
         self.decoder = None
-        if fast is True or (fast == "auto" and device.type == "cuda"):
+        if fast in (True, "fused") or (fast == "auto" and device.type == "cuda"):
             try:
-                self.decoder = StaticDecoder(self.model, self.stop_ids, self.pad_id, use_graphs=device.type == "cuda")
+                self.decoder = StaticDecoder(self.model, self.stop_ids, self.pad_id, use_graphs=device.type == "cuda",
+                                             fused=fast == "fused")
             except ValueError as e:
-                if fast is True:
+                if fast in (True, "fused"):
                     raise
                 warnings.warn(f"HFEngine falls back to eager generate: {e}")
         self.fast = self.decoder is not None
@@ -315,6 +404,8 @@ class HFEngine(RolloutEngine):
                            f"missing {sorted(missing)[:5]}")
         for name, value in state_dict.items():
             own[name].copy_(value, non_blocking=True)
+        if self.decoder is not None:
+            self.decoder.refresh_weights()
 
     def _pad(self, rows: list[list[int]], batch: int):
         """Left-pad rows to one length; extra rows up to `batch` repeat row 0 (graph batch buckets)."""

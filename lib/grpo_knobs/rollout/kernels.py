@@ -1,0 +1,178 @@
+"""Fused Triton kernels for one decode step of a llama-style layer (the static decoder's `fused` mode).
+
+A decode step of a small model is a few hundred tiny kernels; their count, not bytes moved, sets
+its time (../shared/DEVICE.md). Per layer these kernels replace the norm, rotary, cache-write,
+attention and activation chains with five launches around four GEMMs:
+
+    add_rms_norm -> qkv GEMM -> rotary_cache_write -> decode_attention -> o GEMM
+    -> add_rms_norm -> gate_up GEMM -> silu_mul -> down GEMM
+
+Every kernel reads its scalars (cache slot) from device memory, so one CUDA graph replays it.
+Arithmetic is float32 inside a kernel; values are rounded to the storage dtype where the
+transformers modules round them (the residual stream, the normalised hidden state, the
+activation), so the fused step tracks the modules' numerics closely.
+
+Without CUDA the kernels run in Triton's interpreter, which is how the CPU tests check them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+if not torch.cuda.is_available():
+    # Triton picks compiled or interpreted kernels when it is first imported.
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("the fused decode kernels need a GPU, or Triton's interpreter on CPU: set "
+                           "TRITON_INTERPRET=1 before anything imports triton (tests/conftest.py does), "
+                           "or use fast=True, which runs the same decoder without these kernels.")
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, delta_ptr, w_ptr, h_ptr, n_cols, eps,
+                         HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
+    if HAS_DELTA:
+        d = tl.load(delta_ptr + row * n_cols + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + d.to(tl.float32)).to(x_ptr.dtype.element_ty)  # the residual stream is stored
+        tl.store(x_ptr + row * n_cols + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
+    normed = (xf * inv).to(h_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(h_ptr + row * n_cols + cols, (normed * w).to(h_ptr.dtype.element_ty), mask=mask)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                 out: torch.Tensor) -> torch.Tensor:
+    """x += delta (in place, when given); out = RMSNorm(x) * weight. x, delta, out: [B, H] contiguous."""
+    rows, cols = x.shape
+    _add_rms_norm_kernel[(rows,)](x, delta if delta is not None else x, weight, out, cols, eps,
+                                  HAS_DELTA=delta is not None, BLOCK=triton.next_power_of_2(cols))
+    return out
+
+
+@triton.jit
+def _rotary_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, slot_ptr,
+                         stride_row, stride_head, stride_slot, n_q, n_kv,
+                         D: tl.constexpr, HALF: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    slot = tl.load(slot_ptr)
+    src = qkv_ptr + b * (n_q + 2 * n_kv) * D + h * D
+    if h < n_q + n_kv:  # query or key head: rotate (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)
+        i = tl.arange(0, HALF)
+        x1 = tl.load(src + i).to(tl.float32)
+        x2 = tl.load(src + HALF + i).to(tl.float32)
+        c1 = tl.load(cos_ptr + b * D + i).to(tl.float32)
+        c2 = tl.load(cos_ptr + b * D + HALF + i).to(tl.float32)
+        s1 = tl.load(sin_ptr + b * D + i).to(tl.float32)
+        s2 = tl.load(sin_ptr + b * D + HALF + i).to(tl.float32)
+        o1 = x1 * c1 - x2 * s1
+        o2 = x2 * c2 + x1 * s2
+        if h < n_q:
+            dst = q_ptr + (b * n_q + h) * D
+        else:
+            dst = k_ptr + b * stride_row + (h - n_q) * stride_head + slot * stride_slot
+        tl.store(dst + i, o1.to(dst.dtype.element_ty))
+        tl.store(dst + HALF + i, o2.to(dst.dtype.element_ty))
+    else:  # value head: copied into the cache unchanged
+        i = tl.arange(0, D)
+        dst = v_ptr + b * stride_row + (h - n_q - n_kv) * stride_head + slot * stride_slot
+        tl.store(dst + i, tl.load(src + i).to(dst.dtype.element_ty))
+
+
+def rotary_cache_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_out: torch.Tensor,
+                       k_cache: torch.Tensor, v_cache: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+    """Rotate q and k of one decode token and write k, v into cache slot ``slot``.
+
+    qkv: [B, (Hq + 2 Hkv) * D]; cos, sin: [B, D]; q_out: [B, Hq, D];
+    k_cache, v_cache: [rows >= B, Hkv, C, D] with a contiguous last dimension; slot: [1] long.
+    """
+    B, n_q, D = q_out.shape
+    n_kv = k_cache.shape[1]
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    _rotary_cache_kernel[(B, n_q + 2 * n_kv)](qkv, cos, sin, q_out, k_cache, v_cache, slot,
+                                              k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                                              n_q, n_kv, D=D, HALF=D // 2)
+    return q_out
+
+
+@triton.jit
+def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, valid_ptr, o_ptr, scale,
+                             stride_row, stride_head, stride_slot, stride_valid, n_q, KV_LEN: tl.constexpr,
+                             G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_K: tl.constexpr):
+    b = tl.program_id(0)
+    j = tl.program_id(1)  # KV head; it serves query heads j*G .. j*G + G - 1
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + (b * n_q + j * G + g[:, None]) * D + d[None, :],
+                mask=(g < G)[:, None], other=0.0).to(tl.float32)  # [G_PAD, D]
+    m_i = tl.full([G_PAD], -1.0e30, tl.float32)  # running max (finite: a fully masked block stays harmless)
+    l_i = tl.zeros([G_PAD], tl.float32)  # running softmax denominator
+    acc = tl.zeros([G_PAD, D], tl.float32)
+    k_base = k_ptr + b * stride_row + j * stride_head
+    v_base = v_ptr + b * stride_row + j * stride_head
+    for start in range(0, KV_LEN, BLOCK_K):
+        ks = start + tl.arange(0, BLOCK_K)
+        in_range = ks < KV_LEN
+        ok = (tl.load(valid_ptr + b * stride_valid + ks, mask=in_range, other=0) != 0) & in_range  # [BLOCK_K]
+        k = tl.load(k_base + ks[:, None] * stride_slot + d[None, :], mask=in_range[:, None], other=0.0)
+        s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2) * scale  # [G_PAD, BLOCK_K]
+        s = tl.where(ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])  # [G_PAD, BLOCK_K]
+        v = tl.load(v_base + ks[:, None] * stride_slot + d[None, :], mask=in_range[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(o_ptr + (b * n_q + j * G + g[:, None]) * D + d[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=(g < G)[:, None])
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, valid: torch.Tensor,
+                     kv_len: int, scale: float, out: torch.Tensor, block_k: int = 32) -> torch.Tensor:
+    """Grouped-query attention of one decode token over cache slots < kv_len whose ``valid`` is set.
+
+    q: [B, Hq, D]; k_cache, v_cache: [rows >= B, Hkv, C, D]; valid: [rows, C] bool;
+    out: [B, Hq * D] (heads concatenated, as o_proj expects). The token's own slot must be valid.
+    """
+    B, n_q, D = q.shape
+    n_kv = k_cache.shape[1]
+    G = n_q // n_kv
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and valid.stride(-1) == 1
+    # kv_len is a compile-time constant: the decoder uses a few cache-length buckets, each
+    # captured in its own graph, so each compiles once.
+    _decode_attention_kernel[(B, n_kv)](q, k_cache, v_cache, valid, out, scale,
+                                        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), valid.stride(0),
+                                        n_q, KV_LEN=kv_len, G=G, G_PAD=max(triton.next_power_of_2(G), 2), D=D, BLOCK_K=block_k)
+    return out
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n
+    gate = tl.load(gu_ptr + row * 2 * n + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(gu_ptr + row * 2 * n + n + cols, mask=mask, other=0.0).to(tl.float32)
+    act = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + row * n + cols, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_mul(gate_up: torch.Tensor, out: torch.Tensor, block: int = 1024) -> torch.Tensor:
+    """out = silu(gate) * up for gate_up = [gate | up]: [B, 2I] -> [B, I]."""
+    B, n = out.shape
+    _silu_mul_kernel[(B, triton.cdiv(n, block))](gate_up, out, n, BLOCK=block)
+    return out

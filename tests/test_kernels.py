@@ -1,0 +1,64 @@
+"""The fused decode kernels against plain torch, in Triton's interpreter on CPU (tests/conftest.py)."""
+
+import pytest
+import torch
+
+from grpo_knobs.rollout import kernels as K
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, -1)
+    return torch.cat((-x2, x1), -1)
+
+
+@pytest.mark.parametrize("with_delta", [False, True])
+def test_add_rms_norm(with_delta):
+    g = torch.Generator().manual_seed(0)
+    x, delta, w = torch.randn(3, 40, generator=g), torch.randn(3, 40, generator=g), torch.randn(40, generator=g)
+    x0, out = x.clone(), torch.empty(3, 40)
+    K.add_rms_norm(x, delta if with_delta else None, w, 1e-5, out)
+    stream = x0 + delta if with_delta else x0  # [3, 40]
+    torch.testing.assert_close(x, stream)  # updated in place, or untouched
+    torch.testing.assert_close(out, stream * torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + 1e-5) * w)
+
+
+def test_rotary_cache_write_touches_only_its_slot_and_rows():
+    g = torch.Generator().manual_seed(1)
+    B, n_q, n_kv, D, C = 3, 4, 2, 16, 10
+    qkv = torch.randn(B, (n_q + 2 * n_kv) * D, generator=g)
+    cos, sin = torch.randn(B, D, generator=g), torch.randn(B, D, generator=g)
+    kv = torch.zeros(2, 5, n_kv, C, D)  # [k|v, rows, Hkv, C, D]: 5 rows, 3 in use
+    q_out = torch.empty(B, n_q, D)
+    K.rotary_cache_write(qkv, cos, sin, q_out, kv[0], kv[1], torch.tensor([7]))
+    q, k, v = qkv.split([n_q * D, n_kv * D, n_kv * D], -1)
+    q, k, v = q.view(B, n_q, D), k.view(B, n_kv, D), v.view(B, n_kv, D)
+    torch.testing.assert_close(q_out, q * cos[:, None] + rotate_half(q) * sin[:, None])
+    torch.testing.assert_close(kv[0, :B, :, 7], k * cos[:, None] + rotate_half(k) * sin[:, None])
+    torch.testing.assert_close(kv[1, :B, :, 7], v)
+    written = torch.zeros_like(kv, dtype=torch.bool)
+    written[:, :B, :, 7] = True
+    assert not kv[~written].any()
+
+
+@pytest.mark.parametrize("kv_len", [1, 33, 67])
+def test_decode_attention_matches_grouped_softmax(kv_len):
+    g = torch.Generator().manual_seed(2)
+    B, n_q, n_kv, D, C = 3, 6, 2, 16, 70  # 3 query heads per KV head (padded to 4 in the kernel)
+    kv = torch.randn(2, 5, n_kv, C, D, generator=g)
+    valid = torch.rand(5, C, generator=g) > 0.3  # [rows, C]
+    valid[:, 0] = True  # every row attends to at least one slot
+    q = torch.randn(B, n_q, D, generator=g)
+    out = torch.empty(B, n_q * D)
+    K.decode_attention(q, kv[0], kv[1], valid, kv_len, 0.25, out, block_k=16)
+    k = kv[0, :B, :, :kv_len].repeat_interleave(n_q // n_kv, 1)  # [B, Hq, K, D]
+    v = kv[1, :B, :, :kv_len].repeat_interleave(n_q // n_kv, 1)
+    scores = torch.einsum("bhd,bhkd->bhk", q, k) * 0.25
+    p = scores.masked_fill(~valid[:B, None, :kv_len], float("-inf")).softmax(-1)  # [B, Hq, K]
+    torch.testing.assert_close(out, torch.einsum("bhk,bhkd->bhd", p, v).reshape(B, -1))
+
+
+def test_silu_mul():
+    gate_up = torch.randn(3, 100, generator=torch.Generator().manual_seed(3))
+    out = torch.empty(3, 50)
+    K.silu_mul(gate_up, out, block=32)  # two blocks per row, the second partly masked
+    torch.testing.assert_close(out, torch.nn.functional.silu(gate_up[:, :50]) * gate_up[:, 50:])
