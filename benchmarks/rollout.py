@@ -109,6 +109,55 @@ def fused_agreement(model, tokenizer, device, prompt_ids, batch: int, max_new_to
             "mean_abs_logprob_diff": sum(diffs) / max(len(diffs), 1)}
 
 
+STUDY_PATHS = {"fast": dict(fast=True, compact=False), "compact": dict(fast=True, compact=True),
+               "fused": dict(fast="fused", compact=True)}
+
+
+def study_rollouts(model, tokenizer, device, task: str, batches: list[int], group: int, max_new_tokens: int,
+                   gpu: str, model_name: str) -> list[dict]:
+    """Collections as a run generates them: train prompts of ``task`` x ``group`` samples at T = 1, stopping
+    at EOS. Response lengths are then uneven (a few run to the cap), which is where dropping finished
+    rows pays; the fixed-length table above cannot show it."""
+    from grpo_knobs.data import load_split
+    from grpo_knobs.evaluation import encode_prompts
+
+    problems = load_split(task, "train")
+    engines = {name: HFEngine(model, tokenizer, device=device, max_batch_size=max(batches), return_logprobs=True, **kw)
+               for name, kw in STUDY_PATHS.items()}
+    print(f"\n{task} collections: train prompts x {group} samples, T = 1, up to {max_new_tokens} tokens, EOS on")
+    print(f"{'responses':>9} {'mean len':>8} {'max len':>7} " + " ".join(f"{n + ' tok/s':>13}" for n in engines)
+          + " " + " ".join(f"{n + '/fast':>12}" for n in list(engines)[1:]))
+    rows = []
+    for batch in batches:
+        prompts = encode_prompts([problems[i % len(problems)] for i in range(max(1, batch // group))], tokenizer)
+        row = {"gpu": gpu, "model": model_name, "task": task, "responses": len(prompts) * group, "group": group,
+               "max_new_tokens": max_new_tokens, "temperature": 1.0}
+        for name, engine in engines.items():
+            kw = dict(n=group, max_new_tokens=max_new_tokens, temperature=1.0, seed=batch)
+            engine.generate(prompts, **kw)  # warm-up with the timed shapes (graph capture)
+            before = engine.decoder.compactions
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            gen = engine.generate(prompts, **kw)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds = time.perf_counter() - start
+            lengths = [len(t) for t in gen.token_ids]
+            row |= {f"{name}_tokens_per_s": sum(lengths) / seconds, f"{name}_seconds": seconds,
+                    f"{name}_compactions": engine.decoder.compactions - before,
+                    f"{name}_response_length_mean": sum(lengths) / len(lengths),
+                    f"{name}_response_length_max": max(lengths)}
+        for name in list(engines)[1:]:
+            row[f"{name}_over_fast"] = row["fast_seconds"] / row[f"{name}_seconds"]
+        rows.append(row)
+        print(f"{row['responses']:>9} {row['fast_response_length_mean']:>8.0f} {row['fast_response_length_max']:>7} "
+              + " ".join(f"{row[n + '_tokens_per_s']:>13,.0f}" for n in engines)
+              + " " + " ".join(f"{row[n + '_over_fast']:>12.2f}" for n in list(engines)[1:]))
+    print("tok/s counts generated tokens only; each path samples its own responses (lengths differ by chance).")
+    return rows
+
+
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", default="64,128,256,512,1024")
@@ -120,6 +169,10 @@ def main(argv=None) -> list[dict]:
                     help="engine paths side by side: eager (generate), fast (static cache + CUDA graphs), "
                          "fused (fast plus the Triton decode kernels)")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/rollout-<gpu>.json)")
+    ap.add_argument("--task", default=None,
+                    help="also time collections of this task (EOS on, uneven lengths): fast, compact and fused paths; "
+                         "written to <out stem>-<task>.json")
+    ap.add_argument("--group", type=int, default=8, help="samples per prompt in --task collections")
     args = ap.parse_args(argv)
 
     device = torch.device(args.device)
@@ -183,6 +236,11 @@ def main(argv=None) -> list[dict]:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=2) + "\n")
     print(f"wrote {out}")
+    if args.task:
+        study = study_rollouts(model, tokenizer, device, args.task, batches, args.group, args.new_tokens, gpu, info.name)
+        study_out = out.with_name(f"{out.stem}-{args.task}.json")
+        study_out.write_text(json.dumps(study, indent=2) + "\n")
+        print(f"wrote {study_out}")
     return rows
 
 

@@ -13,7 +13,7 @@ def test_rollout_benchmark_cpu(tmp_path):
     out = tmp_path / "rollout-cpu.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.rollout", "--model", "tiny-random", "--batches", "2,4",
-                           "--new-tokens", "8", "--device", "cpu", "--out", str(out)],
+                           "--new-tokens", "8", "--device", "cpu", "--out", str(out), "--task", "countdown-2x10", "--group", "2"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "not measured" in proc.stdout  # CPU rows say their bandwidth is a flag value
@@ -25,3 +25,9 @@ def test_rollout_benchmark_cpu(tmp_path):
                       "eager_ms_per_step", "fast_ms_per_step", "fused_ms_per_step", "fused_over_fast"):
             assert r[field] > 0
         assert r["fused_agreement"]["identical_fraction"] == 1.0  # float32 on CPU: the same greedy text
+    study = json.loads((tmp_path / "rollout-cpu-countdown-2x10.json").read_text())
+    assert [r["responses"] for r in study] == [2, 4]  # batch // group prompts x group samples
+    for r in study:
+        assert r["task"] == "countdown-2x10" and r["temperature"] == 1.0
+        for path in ("fast", "compact", "fused"):
+            assert r[f"{path}_tokens_per_s"] > 0 and 1 <= r[f"{path}_response_length_max"] <= 8

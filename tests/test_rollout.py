@@ -1,5 +1,6 @@
 """Rollout engines on CPU: the eager generate path, the static-cache fast path, and their agreement."""
 
+import copy
 import http.server
 import importlib.util
 import json
@@ -27,6 +28,17 @@ def prompts(tiny):
     _, tokenizer = tiny
     texts = ["The cat sat", "Seven plus five equals twelve, and eight", "A"]
     return [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+
+
+@pytest.fixture(scope="module")
+def staggered(tiny):
+    """Eight prompts and weights under which their greedy responses stop after 3 to 12 tokens."""
+    model, tokenizer = tiny
+    texts = ["The cat sat", "Seven plus five equals twelve, and eight", "A", "Dogs bark at night",
+             "one two three four five", "Rain", "Blue sky over the hills", "Numbers: 3 9 27"]
+    prompts = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+    first = HFEngine(model, tokenizer, fast=False).generate(prompts[:1], n=1, max_new_tokens=12, temperature=0, seed=0)
+    return prompts, eos_likely(model, tokenizer, first.token_ids[0][5])
 
 
 def eos_likely(model, tokenizer, token):
@@ -153,8 +165,48 @@ def test_fast_samples_match_eager_on_cpu(tiny, prompts, fast):
     model, tokenizer = tiny
     kw = dict(n=2, max_new_tokens=12, temperature=0.8, seed=11)
     eager = HFEngine(model, tokenizer, fast=False).generate(prompts, **kw)
-    fast = HFEngine(model, tokenizer, fast=fast).generate(prompts, **kw)
+    fast = HFEngine(model, tokenizer, fast=fast, compact=False).generate(prompts, **kw)
     assert fast.token_ids == eager.token_ids
+
+
+def compacting_engine(model, tokenizer, fast, state):
+    """An engine that checks for finished rows every 2 steps and may shrink to one row, with weights
+    under which EOS is likely, so rows finish at different steps and get dropped."""
+    engine = HFEngine(model, tokenizer, fast=fast, return_logprobs=True, compact=True, max_batch_size=16)
+    engine.decoder.check_every, engine.decoder.min_rows = 2, 1
+    engine.update_weights(state)
+    return engine
+
+
+@pytest.mark.parametrize("fast", [True, "fused"])
+def test_dropping_finished_rows_keeps_greedy_outputs(tiny, staggered, fast):
+    model, tokenizer = tiny
+    prompts, state = staggered
+    reference = HFEngine(model, tokenizer, fast=True, return_logprobs=True, compact=False, max_batch_size=16)
+    reference.update_weights(state)
+    engine = compacting_engine(model, tokenizer, fast, state)
+    kw = dict(n=1, max_new_tokens=12, temperature=0, seed=0)
+    want, got = reference.generate(prompts, **kw), engine.generate(prompts, **kw)
+    assert engine.decoder.compactions > 0 and reference.decoder.compactions == 0
+    assert len(set(map(len, want.token_ids))) > 2  # rows did finish at different steps
+    assert got.token_ids == want.token_ids and got.finish_reasons == want.finish_reasons
+    for a, b in zip(got.logprobs, want.logprobs):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-4, rtol=1e-4)
+
+
+def test_dropping_finished_rows_samples_from_the_model(tiny, staggered):
+    """Compacted rows draw different noise, so the check is the distribution: every sampled token's
+    log-prob equals the teacher-forced one under the engine's weights."""
+    model, tokenizer = tiny
+    prompts, state = staggered
+    engine = compacting_engine(model, tokenizer, True, state)
+    gen = engine.generate(prompts, n=2, max_new_tokens=32, temperature=0.5, seed=5)
+    assert engine.decoder.compactions > 0
+    scorer = copy.deepcopy(model)
+    scorer.load_state_dict(state)
+    for i, (tokens, lps) in enumerate(zip(gen.token_ids, gen.logprobs)):
+        expected = scored_logprobs(scorer, prompts[gen.prompt_index[i]], tokens, 0.5)
+        torch.testing.assert_close(torch.tensor(lps), expected, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("fast", [False, True])

@@ -60,7 +60,7 @@ class StaticDecoder:
     """
 
     def __init__(self, model, stop_ids, pad_id: int, use_graphs: bool, block: int = 64, prefill_rows: int = 64,
-                 fused: bool = False):
+                 fused: bool = False, compact: bool = False, check_every: int = 16, min_rows: int = 16):
         cfg = model.config
         layer_types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
         if cfg.model_type not in FAST_MODEL_TYPES or layer_types != {"full_attention"}:
@@ -79,6 +79,12 @@ class StaticDecoder:
         self.graphs, self.pool = {}, None
         self.rows, self.cap = 0, 0
         self.fused = _FusedWeights(model) if fused else None
+        if fused:
+            from . import kernels  # noqa: F401  (fails here, with its reason, rather than mid-generation)
+        # compact: every check_every steps (one host sync), once at most half the rows are still
+        # decoding, move them to the front and continue at the next power-of-two width (>= min_rows)
+        self.compact, self.check_every, self.min_rows = compact, check_every, min_rows
+        self.compactions = 0  # how often rows were dropped (benchmarks and tests read it)
 
     def _allocate(self, rows: int, cap: int):
         """Grow the cache and step state; graphs captured on the old buffers are dropped with them."""
@@ -227,11 +233,14 @@ class StaticDecoder:
         greedy = temperature == 0
         self._allocate(B, _round_up(P + max_new_tokens, 256))
         kv_lens = [_round_up(P + t + 1, self.block) for t in range(max_new_tokens - 1)]  # decode step t
+        compact = self.compact and not ignore_eos
+        widths = self._widths(B) if compact else [B]
         if self.use_graphs:
-            try:
-                for kv_len in sorted(set(kv_lens)):
-                    if (B, kv_len, greedy) not in self.graphs:
-                        self._capture(B, kv_len, greedy)
+            try:  # every (width, cache length) this call may reach, before prefill: capture resets step state
+                for width in widths:
+                    for kv_len in sorted(set(kv_lens)):
+                        if (width, kv_len, greedy) not in self.graphs:
+                            self._capture(width, kv_len, greedy)
             except RuntimeError as e:  # keep the run going; the warning says why it is slower
                 warnings.warn(f"CUDA graph capture failed, decoding without graphs from now on: {e}")
                 self.use_graphs = False
@@ -257,16 +266,67 @@ class StaticDecoder:
         self.pos[:B] = mask.sum(-1)
         self.slot.fill_(P)
 
-        steps = max_new_tokens
+        # origin[i]: the input row that decoder row i carries (-1: a filler row); outputs of rows
+        # dropped by compaction are kept in tokens / logprobs, indexed by input row
+        origin = torch.arange(B, device=self.tok.device)  # [width]
+        tokens = torch.full((B, max_new_tokens), self.pad_id, dtype=torch.long, device=self.tok.device)  # [B, N]
+        logprobs = torch.zeros(B, max_new_tokens, dtype=torch.float32, device=self.tok.device)  # [B, N]
+        width, steps = B, max_new_tokens
         for t, kv_len in enumerate(kv_lens):
             if self.use_graphs:
-                self.graphs[(B, kv_len, greedy)].replay()
+                self.graphs[(width, kv_len, greedy)].replay()
             else:
-                self._decode(B, kv_len, greedy)
-            if not ignore_eos and t % 16 == 15 and bool(self.done[:n_real].all()):  # one sync per 16 steps
+                self._decode(width, kv_len, greedy)
+            if ignore_eos or t % self.check_every != self.check_every - 1:
+                continue
+            live = ~self.done[:width]  # [width]; one host sync per check_every steps
+            n_live = int(live.sum())
+            if n_live == 0:
                 steps = t + 2
                 break
-        return self.out_tok[:n_real, :steps].cpu(), self.out_lp[:n_real, :steps].cpu()
+            narrower = next((w for w in reversed(widths) if w >= n_live), width)
+            if compact and narrower <= width // 2:
+                self._keep_rows(live, narrower, width, origin, tokens, logprobs, t + 2)
+                self.compactions += 1
+                origin = self._compacted_origin(origin, live, narrower)
+                width = narrower
+        self._store_rows(origin, width, tokens, logprobs, steps)
+        return tokens[:n_real, :steps].cpu(), logprobs[:n_real, :steps].cpu()
+
+    def _widths(self, B: int) -> list[int]:
+        """Decoder widths compaction may shrink to: B, then powers of two down to min_rows."""
+        widths, w = [B], 1 << max(B - 1, 0).bit_length()
+        while w // 2 >= self.min_rows:
+            w //= 2
+            if w < B:
+                widths.append(w)
+        return widths
+
+    def _store_rows(self, origin, width: int, tokens, logprobs, cols: int) -> None:
+        """Copy the first `cols` outputs of decoder rows :width to their input rows."""
+        real = origin >= 0  # [width]
+        tokens[origin[real], :cols] = self.out_tok[:width, :cols][real]
+        logprobs[origin[real], :cols] = self.out_lp[:width, :cols][real]
+
+    def _keep_rows(self, live, narrower: int, width: int, origin, tokens, logprobs, cols: int) -> None:
+        """Drop finished rows: store every row's outputs, then move the live rows to rows :narrower.
+
+        Slots past the live rows are filled with copies of row 0 marked done, so the narrower graph
+        decodes only finished filler there.
+        """
+        self._store_rows(origin, width, tokens, logprobs, cols)
+        keep = live.nonzero()[:, 0]  # [n_live]
+        sel = torch.cat([keep, keep.new_zeros(narrower - keep.numel())])  # [narrower]
+        for t in (self.tok, self.pos, self.done, self.valid, self.out_tok, self.out_lp):
+            t[:narrower] = t.index_select(0, sel)
+        for layer in range(self.kv.shape[0]):  # one layer at a time bounds the temporary copy
+            self.kv[layer, :, :narrower] = self.kv[layer].index_select(1, sel)
+        self.done[keep.numel():narrower] = True
+
+    @staticmethod
+    def _compacted_origin(origin, live, narrower: int):
+        keep = origin[live]  # [n_live]
+        return torch.cat([keep, keep.new_full((narrower - keep.numel(),), -1)])  # [narrower]
 
 
 class _FusedWeights:
@@ -362,11 +422,14 @@ class HFEngine(RolloutEngine):
     compare it with generate); "fused" also replaces each decode layer's small kernels with the Triton
     kernels of kernels.py (interpreted on CPU); False uses `model.generate`; "auto" is True on CUDA
     when supported.
+    compact: drop finished rows from the decode batch (fast paths only; default: on for "fused").
+    Responses are sampled from the same distributions, but rows draw different noise than without
+    it, so seeded samples differ from the uncompacted paths.
     return_logprobs: defaults to True on CUDA and False on CPU, where generate's recorder costs time.
     """
 
     def __init__(self, model, tokenizer, device=None, max_batch_size: int = 512, fast="auto",
-                 return_logprobs: bool | None = None):
+                 return_logprobs: bool | None = None, compact: bool | None = None):
         device = torch.device(device) if device is not None else next(model.parameters()).device
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         engine_model = copy.deepcopy(model)
@@ -387,7 +450,8 @@ class HFEngine(RolloutEngine):
         if fast in (True, "fused") or (fast == "auto" and device.type == "cuda"):
             try:
                 self.decoder = StaticDecoder(self.model, self.stop_ids, self.pad_id, use_graphs=device.type == "cuda",
-                                             fused=fast == "fused")
+                                             fused=fast == "fused",
+                                             compact=fast == "fused" if compact is None else compact)
             except ValueError as e:
                 if fast in (True, "fused"):
                     raise
