@@ -350,6 +350,12 @@ def test_responses_to_target_and_prediction_on_fixture(study):
     assert set(pred["arm"]) == set(rt.loc[rt["reached"], "arm"])
     # The fixture's timings come from the same throughput curve, so predictions land close.
     assert pred["ratio"].between(0.9, 1.15).all()
+    # Decoding to the longest response (3x the mean in the fixture) costs more than the mean-length model.
+    assert (pred["predicted_steps_active_s"] > pred["predicted_active_s"]).all()
+    row = pred.set_index("arm").loc["onpolicy-small"]
+    generation = row["responses_needed"] / row["collection"] * row["longest_mean"] * 128 / row["benchmark_tokens_per_s"]
+    assert row["predicted_steps_active_s"] - row["predicted_active_s"] == pytest.approx(
+        generation - row["responses_needed"] * row["mean_length"] / row["benchmark_tokens_per_s"])
     small = pred.set_index("arm").loc["onpolicy-small"]
     assert small["generation_batch"] == 128 and small["benchmark_tokens_per_s"] == pytest.approx(5142.86)
 

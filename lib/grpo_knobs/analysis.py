@@ -1150,10 +1150,18 @@ def predict_time_to_target(rt: pd.DataFrame, runs: pd.DataFrame, collections: pd
     arms. Measured is the active-phase seconds at the bracket's end (the
     first evaluation at or above target). ``rt`` comes from
     :func:`responses_to_target`; ``bench_*`` have shape [benchmark points].
+
+    ``predicted_steps_active_s`` replaces the generation term with decode
+    steps: an engine that keeps finished rows in its batch decodes each chunk
+    of b responses until its longest response ends, so a collection costs
+    ceil(R / b) chunks x Lmax steps x b / thr(b) seconds per step, with Lmax
+    the run's mean longest response per collection. With a long tail of
+    runaway responses this, not N * L / thr(b), is what a run pays.
     """
     per_run = collections[collections["run_id"].isin(rt["run_id"])].groupby("run_id").agg(
         trainer=("trainer_seconds", "sum"), sync=("sync_seconds", "sum"),
-        generation=("generation_seconds", "sum"), tokens=("output_tokens", "sum"), n=("collection", "size"))
+        generation=("generation_seconds", "sum"), tokens=("output_tokens", "sum"), n=("collection", "size"),
+        longest=("response_length_max", "mean"))
     per_run = per_run.join(rt.set_index("run_id")["task"])
     per_run["c_train"] = per_run["trainer"] / per_run["tokens"]
     per_run["c_sync"] = per_run["sync"] / per_run["n"]
@@ -1164,15 +1172,22 @@ def predict_time_to_target(rt: pd.DataFrame, runs: pd.DataFrame, collections: pd
     n, length = reached["responses_needed"], reached["mean_response_length"]
     c_train = reached["task"].map(medians["c_train"])
     c_sync = reached["task"].map(medians["c_sync"])
+    collections_needed = n / reached["responses_per_collection"]
+    longest = per_run["longest"].reindex(reached["run_id"]).to_numpy()
+    chunks = np.ceil(reached["responses_per_collection"] / gen_batch)
+    rest = n * length * c_train + collections_needed * c_sync  # trainer + weight sync
     out = pd.DataFrame({
         "task": reached["task"], "arm": reached["arm"], "B": reached["global_batch_size"],
         "collection": reached["responses_per_collection"], "generation_batch": gen_batch,
         "responses_needed": n, "benchmark_tokens_per_s": thr,
         "measured_tokens_per_s": (per_run["tokens"] / per_run["generation"]).reindex(reached["run_id"]).to_numpy(),
-        "predicted_active_s": n * length / thr + n * length * c_train + n / reached["responses_per_collection"] * c_sync,
+        "mean_length": length, "longest_mean": longest,
+        "predicted_active_s": n * length / thr + rest,
+        "predicted_steps_active_s": collections_needed * chunks * longest * gen_batch / thr + rest,
         "measured_active_s": reached["active_seconds_high"],
     })
     out["ratio"] = out["predicted_active_s"] / out["measured_active_s"]
+    out["ratio_steps"] = out["predicted_steps_active_s"] / out["measured_active_s"]
     return sort_tasks(out.sort_values(["collection", "B", "arm"]))
 
 

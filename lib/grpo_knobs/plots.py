@@ -321,13 +321,27 @@ def critical_batch_figure(bench: pd.DataFrame | None, measured: pd.DataFrame, cr
         _responses_to_target_panel(axes.pop(0), rt, critical_train, tolerance)
     if has_prediction:
         ax = axes.pop(0)
-        hi = 1.1 * max(prediction["measured_active_s"].max(), prediction["predicted_active_s"].max(), 1.0)
+        steps = "predicted_steps_active_s" in prediction
+        hi = 1.1 * max(prediction["measured_active_s"].max(), prediction["predicted_active_s"].max(),
+                       prediction["predicted_steps_active_s"].max() if steps else 0.0, 1.0)
         ax.plot([0, hi], [0, hi], color="0.5", lw=0.8, ls="--", label="predicted = measured")
         # One color and marker per arm with a legend: arms often land close together, where text labels collide.
+        # Filled: decode-steps model (longest response per chunk); hollow: mean-length throughput model.
         cmap, markers = plt.get_cmap("tab10"), "osD^v<>p"
         for i, row in enumerate(prediction.itertuples()):
-            ax.plot(row.measured_active_s, row.predicted_active_s, markers[(i // 10) % len(markers)],
-                    color=cmap(i % 10), ms=5, alpha=0.85, label=row.arm)
+            marker, color = markers[(i // 10) % len(markers)], cmap(i % 10)
+            if steps:
+                ax.plot(row.measured_active_s, row.predicted_active_s, marker, mfc="none", color=color, ms=5, alpha=0.85)
+                ax.plot([row.measured_active_s] * 2, [row.predicted_active_s, row.predicted_steps_active_s],
+                        color=color, lw=0.6, alpha=0.6)
+                ax.plot(row.measured_active_s, row.predicted_steps_active_s, marker, color=color, ms=5, alpha=0.85,
+                        label=row.arm)
+            else:
+                ax.plot(row.measured_active_s, row.predicted_active_s, marker, color=color, ms=5, alpha=0.85,
+                        label=row.arm)
+        if steps:
+            ax.text(0.98, 0.02, "hollow: N x mean length / throughput\nfilled: decode steps to the longest response",
+                    transform=ax.transAxes, ha="right", va="bottom", fontsize=6)
         ax.set_xlim(0, hi)
         ax.set_ylim(0, hi)
         ax.set_xlabel("Measured active seconds to target")
