@@ -360,11 +360,27 @@ def test_parallel_workers_each_hold_their_own_gpu(monkeypatch):
         return study.JobResult(unit["config"]["run_id"], "screening", "complete")
 
     monkeypatch.setattr(study, "_execute_in_worker", fake_worker)
-    units = [{"kind": "train", "config": {"run_id": f"r{i}"}} for i in range(6)]
+    units = [{"kind": "train", "config": {"run_id": f"r{i}", "response_budget": 1024, "rollout_batch_size": 2 ** i,
+                                          "n_samples_per_prompt": 8}} for i in range(6)]
     results = study._execute_all(units, jobs=2, desc="t", progress=False)
-    assert [r.run_id for r in results] == [f"r{i}" for i in range(6)]
+    assert [r.run_id for r in results] == [f"r{i}" for i in range(6)]  # reported in plan order
     assert {g for g, _, _ in spans} == {"3", "5"}
     for i, (g1, a1, b1) in enumerate(spans):
         for g2, a2, b2 in spans[i + 1:]:
             if a1 < b2 and a2 < b1:  # overlapping in time
                 assert g1 != g2
+
+
+def test_parallel_workers_start_the_longest_runs_first(monkeypatch):
+    started = []
+
+    def fake_worker(unit, threads, gpu=None):
+        started.append(unit["config"]["run_id"])
+        return study.JobResult(unit["config"]["run_id"], "screening", "complete")
+
+    monkeypatch.setattr(study, "_execute_in_worker", fake_worker)
+    collections = {"short": 16, "long": 128, "mid": 32}  # response_budget / (P * G)
+    units = [{"kind": "train", "config": {"run_id": name, "response_budget": 16384, "rollout_batch_size": 16384 // (8 * n),
+                                          "n_samples_per_prompt": 8}} for name, n in collections.items()]
+    study._execute_all(units, jobs=2, desc="t", progress=False)
+    assert set(started[:2]) == {"long", "mid"} and started[2] == "short"  # the two workers take the longest

@@ -878,6 +878,14 @@ def _execute_in_worker(unit: dict, threads: int, gpu: str | None = None) -> JobR
     return JobResult(run_id, phase, "failed", 0.0, f"worker exited with code {proc.returncode}: {tail}")
 
 
+def _unit_cost(unit: dict) -> float:
+    """A training run's collection count (its generate calls dominate its time); test jobs are short."""
+    if unit["kind"] != "train":
+        return 0.0
+    c = unit["config"]
+    return c["response_budget"] / (c["rollout_batch_size"] * c["n_samples_per_prompt"])
+
+
 def _execute_all(units: list[dict], jobs: int, desc: str, progress: bool) -> list[JobResult]:
     """Run units one at a time (jobs=1) or side by side in worker processes, with a progress bar."""
     results: list[JobResult] = []
@@ -909,7 +917,9 @@ def _execute_all(units: list[dict], jobs: int, desc: str, progress: bool) -> lis
                 slots.put(k)
 
         with ThreadPoolExecutor(jobs) as pool:
-            for future in as_completed([pool.submit(in_slot, u) for u in units]):
+            # Longest first (most collections), so a long run does not start last and hold the
+            # other workers idle at the end.
+            for future in as_completed([pool.submit(in_slot, u) for u in sorted(units, key=_unit_cost, reverse=True)]):
                 done(future.result())
     bar.close()
     order = {(u["config"]["run_id"] if u["kind"] == "train" else u["job"]["run_id"]): i for i, u in enumerate(units)}
