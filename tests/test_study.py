@@ -272,6 +272,9 @@ def test_failed_run_is_recorded_and_completed_runs_are_skipped(tmp_path, executo
     if executor == "papermill":
         assert record.name == "10_train.failed.ipynb" and "no-such-model" in record.read_text()
         assert (study_dir / "screening-countdown-2x10-t-small-s0" / "10_train.ipynb").exists()
+    else:  # each worker's progress bars and messages are kept beside the runs
+        log = (study_dir / ".logs" / "screening-countdown-2x10-t-small-s0.log").read_text()
+        assert "worker start" in log and "coll" in log
     with pytest.raises(RuntimeError, match=bad):
         report.raise_on_failure()
     done = study_dir / "screening-countdown-2x10-t-small-s0"

@@ -862,20 +862,39 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
+def _worker_log(unit: dict) -> Path:
+    """<study_dir>/.logs/<run_id>.log: a worker's progress bars and messages."""
+    if unit["kind"] == "train":
+        root, run_id = unit["config"]["output_dir"], unit["config"]["run_id"]
+    else:
+        root, run_id = unit["study_dir"], unit["job"]["run_id"]
+    return Path(root) / ".logs" / f"{run_id}.log"
+
+
 def _execute_in_worker(unit: dict, threads: int, gpu: str | None = None) -> JobResult:
-    """Run one unit in a fresh process with bounded threads, on one GPU when ``gpu`` is given."""
+    """Run one unit in a fresh process with bounded threads, on one GPU when ``gpu`` is given.
+
+    The worker's stderr (its progress bars, warnings, a crash's traceback) goes to
+    :func:`_worker_log`; its last stdout line is the JobResult.
+    """
     env = _subprocess_env(threads)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
-    proc = subprocess.run([sys.executable, "-m", "grpo_knobs.study", "--worker", str(threads)],
-                          input=json.dumps(unit), capture_output=True, text=True, env=env)
+    log = _worker_log(unit)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as err:
+        err.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} worker start (GPU {gpu or 'none'}, {threads} threads)\n")
+        err.flush()
+        proc = subprocess.run([sys.executable, "-m", "grpo_knobs.study", "--worker", str(threads)],
+                              input=json.dumps(unit | {"progress": True}), stdout=subprocess.PIPE, stderr=err,
+                              text=True, env=env)
     last = proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []
     if proc.returncode == 0 and last:
         return JobResult(**json.loads(last[0]))
     run_id = unit["config"]["run_id"] if unit["kind"] == "train" else unit["job"]["run_id"]
     phase = unit["config"]["phase"] if unit["kind"] == "train" else "test"
-    tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-    return JobResult(run_id, phase, "failed", 0.0, f"worker exited with code {proc.returncode}: {tail}")
+    tail = " | ".join(line.strip() for line in log.read_text().splitlines()[-3:])
+    return JobResult(run_id, phase, "failed", 0.0, f"worker exited with code {proc.returncode}: {tail}", str(log))
 
 
 def _unit_cost(unit: dict) -> float:
