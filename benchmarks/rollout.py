@@ -82,14 +82,20 @@ def bound_tokens_per_s(model, batch: int, prompt_tokens: float, new_tokens: int,
     return batch / seconds_per_step
 
 
-def timed_generate(engine: HFEngine, prompts, new_tokens: int, device: torch.device) -> float:
+def timed_generate(engine: HFEngine, prompts, device: torch.device, **kw):
+    """(seconds, Generation) of one ``engine.generate(prompts, **kw)``, GPU work included."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
-    engine.generate(prompts, n=1, max_new_tokens=new_tokens, temperature=1.0, seed=0, ignore_eos=True)
+    gen = engine.generate(prompts, **kw)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, gen
+
+
+def fixed_length(new_tokens: int) -> dict:
+    """generate() arguments of the fixed-length table: every row decodes exactly new_tokens steps."""
+    return dict(n=1, max_new_tokens=new_tokens, temperature=1.0, seed=0, ignore_eos=True)
 
 
 def fused_agreement(model, tokenizer, device, prompt_ids, batch: int, max_new_tokens: int = 64) -> dict:
@@ -136,13 +142,7 @@ def study_rollouts(model, tokenizer, device, task: str, batches: list[int], grou
             kw = dict(n=group, max_new_tokens=max_new_tokens, temperature=1.0, seed=batch)
             engine.generate(prompts, **kw)  # warm-up with the timed shapes (graph capture)
             before = engine.decoder.compactions
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            gen = engine.generate(prompts, **kw)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            seconds = time.perf_counter() - start
+            seconds, gen = timed_generate(engine, prompts, device, **kw)
             lengths = [len(t) for t in gen.token_ids]
             row |= {f"{name}_tokens_per_s": sum(lengths) / seconds, f"{name}_seconds": seconds,
                     f"{name}_compactions": engine.decoder.compactions - before,
@@ -202,8 +202,8 @@ def main(argv=None) -> list[dict]:
         for path, engine in engines.items():
             # warm-up with the timed shapes: the fast paths capture their graphs (and compile their
             # kernels) here, eager warms cuBLAS
-            timed_generate(engine, prompts, args.new_tokens if path != "eager" else 4, device)
-            seconds[path] = timed_generate(engine, prompts, args.new_tokens, device)
+            timed_generate(engine, prompts, device, **fixed_length(args.new_tokens if path != "eager" else 4))
+            seconds[path], _ = timed_generate(engine, prompts, device, **fixed_length(args.new_tokens))
         tokens = batch * args.new_tokens
         bound = bound_tokens_per_s(engines["fast"].model, batch, prompt_tokens, args.new_tokens, bw, kv_bytes)
         row = {"gpu": gpu, "model": info.name, "batch": batch, "new_tokens": args.new_tokens,

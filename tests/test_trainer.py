@@ -101,12 +101,17 @@ class CrashingTrainer(Trainer):
         return super().collect(collection)
 
 
-def test_resume_continues_from_the_last_saved_collection_and_matches(tiny_run, tmp_path):
-    cfg, run = tiny_run
+def crashed_run(cfg: RunConfig, tmp_path) -> tuple[RunConfig, RunDir]:
+    """The tiny run, saving resume state every collection, killed by an injected failure."""
     crash_cfg = RunConfig(**(cfg.to_dict() | {"output_dir": str(tmp_path), "resume_every_collections": 1}))
     with pytest.raises(_Crash):
         CrashingTrainer(crash_cfg, progress=False).run_loop()
-    partial = RunDir(crash_cfg.run_dir)
+    return crash_cfg, RunDir(crash_cfg.run_dir)
+
+
+def test_resume_continues_from_the_last_saved_collection_and_matches(tiny_run, tmp_path):
+    cfg, run = tiny_run
+    crash_cfg, partial = crashed_run(cfg, tmp_path)
     assert partial.state()["status"] == "failed" and "injected failure" in partial.state()["error"]
     assert len(partial.collections()) == 2  # finished collections survive the crash
     train(RunConfig(**(crash_cfg.to_dict() | {"resume": True})), progress=False)
@@ -118,11 +123,7 @@ def test_resume_continues_from_the_last_saved_collection_and_matches(tiny_run, t
 
 
 def test_a_resume_that_cannot_load_its_state_marks_the_run_failed(tiny_run, tmp_path):
-    cfg, _ = tiny_run
-    crash_cfg = RunConfig(**(cfg.to_dict() | {"output_dir": str(tmp_path), "resume_every_collections": 1}))
-    with pytest.raises(_Crash):
-        CrashingTrainer(crash_cfg, progress=False).run_loop()
-    partial = RunDir(crash_cfg.run_dir)
+    crash_cfg, partial = crashed_run(tiny_run[0], tmp_path)
     (partial.resume_path / "optimizer.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(Exception):
         train(RunConfig(**(crash_cfg.to_dict() | {"resume": True})), progress=False)

@@ -330,15 +330,11 @@ def critical_batch_figure(bench: pd.DataFrame | None, measured: pd.DataFrame, cr
         cmap, markers = plt.get_cmap("tab10"), "osD^v<>p"
         for i, row in enumerate(prediction.itertuples()):
             marker, color = markers[(i // 10) % len(markers)], cmap(i % 10)
+            predicted = row.predicted_steps_active_s if steps else row.predicted_active_s
             if steps:
                 ax.plot(row.measured_active_s, row.predicted_active_s, marker, mfc="none", color=color, ms=5, alpha=0.85)
-                ax.plot([row.measured_active_s] * 2, [row.predicted_active_s, row.predicted_steps_active_s],
-                        color=color, lw=0.6, alpha=0.6)
-                ax.plot(row.measured_active_s, row.predicted_steps_active_s, marker, color=color, ms=5, alpha=0.85,
-                        label=row.arm)
-            else:
-                ax.plot(row.measured_active_s, row.predicted_active_s, marker, color=color, ms=5, alpha=0.85,
-                        label=row.arm)
+                ax.plot([row.measured_active_s] * 2, [row.predicted_active_s, predicted], color=color, lw=0.6, alpha=0.6)
+            ax.plot(row.measured_active_s, predicted, marker, color=color, ms=5, alpha=0.85, label=row.arm)
         if steps:
             ax.text(0.98, 0.02, "hollow: N x mean length / throughput\nfilled: decode steps to the longest response",
                     transform=ax.transAxes, ha="right", va="bottom", fontsize=6)

@@ -284,11 +284,10 @@ class StaticDecoder:
             if n_live == 0:
                 steps = t + 2
                 break
-            narrower = next((w for w in reversed(widths) if w >= n_live), width)
-            if compact and narrower <= width // 2:
-                self._keep_rows(live, narrower, width, origin, tokens, logprobs, t + 2)
+            narrower = next(w for w in reversed(widths) if w >= n_live) if compact else width
+            if narrower <= width // 2:
+                origin = self._keep_rows(live, narrower, width, origin, tokens, logprobs, t + 2)
                 self.compactions += 1
-                origin = self._compacted_origin(origin, live, narrower)
                 width = narrower
         self._store_rows(origin, width, tokens, logprobs, steps)
         return tokens[:n_real, :steps].cpu(), logprobs[:n_real, :steps].cpu()
@@ -308,11 +307,11 @@ class StaticDecoder:
         tokens[origin[real], :cols] = self.out_tok[:width, :cols][real]
         logprobs[origin[real], :cols] = self.out_lp[:width, :cols][real]
 
-    def _keep_rows(self, live, narrower: int, width: int, origin, tokens, logprobs, cols: int) -> None:
+    def _keep_rows(self, live, narrower: int, width: int, origin, tokens, logprobs, cols: int):
         """Drop finished rows: store every row's outputs, then move the live rows to rows :narrower.
 
         Slots past the live rows are filled with copies of row 0 marked done, so the narrower graph
-        decodes only finished filler there.
+        decodes only finished filler there. Returns the new origin ([narrower], -1 for filler).
         """
         self._store_rows(origin, width, tokens, logprobs, cols)
         keep = live.nonzero()[:, 0]  # [n_live]
@@ -322,11 +321,7 @@ class StaticDecoder:
         for layer in range(self.kv.shape[0]):  # one layer at a time bounds the temporary copy
             self.kv[layer, :, :narrower] = self.kv[layer].index_select(1, sel)
         self.done[keep.numel():narrower] = True
-
-    @staticmethod
-    def _compacted_origin(origin, live, narrower: int):
-        keep = origin[live]  # [n_live]
-        return torch.cat([keep, keep.new_full((narrower - keep.numel(),), -1)])  # [narrower]
+        return torch.cat([origin[keep], origin.new_full((narrower - keep.numel(),), -1)])  # [narrower]
 
 
 class _FusedWeights:
@@ -359,12 +354,16 @@ class _FusedWeights:
         self.norms.append(model.model.norm.weight)
         self.wqkv = [self._qkv_weight(layer) for layer in layers]  # [(Hq + 2 Hkv) * D, H] each
         self.bqkv = [self._qkv_bias(layer) for layer in layers]  # [(Hq + 2 Hkv) * D] or None
-        self.wgu = [torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]) for layer in layers]  # [2I, H]
+        self.wgu = [self._gate_up_weight(layer) for layer in layers]  # [2I, H] each
 
     @staticmethod
     def _qkv_weight(layer):
         a = layer.self_attn
         return torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+
+    @staticmethod
+    def _gate_up_weight(layer):
+        return torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight])
 
     @staticmethod
     def _qkv_bias(layer):
@@ -378,7 +377,7 @@ class _FusedWeights:
             self.wqkv[i].copy_(self._qkv_weight(layer))
             if self.bqkv[i] is not None:
                 self.bqkv[i].copy_(self._qkv_bias(layer))
-            self.wgu[i].copy_(torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]))
+            self.wgu[i].copy_(self._gate_up_weight(layer))
 
 
 class _LogprobRecorder(LogitsProcessor):
