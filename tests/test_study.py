@@ -328,6 +328,22 @@ def test_killed_study_resumes_without_redoing_or_losing_runs(tmp_path):
 
 
 @needs_trainer
+def test_each_confirmation_run_is_tested_before_the_next_starts(tmp_path):
+    """Final checkpoints may live only on a lent machine: a run's test must not wait for the others."""
+    path = _write_plan(tmp_path / "plan.yaml")
+    study_dir = tmp_path / "study"
+    report = study.run_study(path, jobs=1, study_dir=study_dir, executor="inprocess", progress=False)
+    assert report.ok, report.summary()
+    confirmation = [RunDir(study_dir / r.run_id) for r in study.plan(path, study_dir=study_dir).phase("confirmation")]
+    assert len(confirmation) == 2
+    first, second = sorted(confirmation, key=lambda run: run.config_path.stat().st_mtime_ns)
+    assert first.test_path.stat().st_mtime_ns < second.config_path.stat().st_mtime_ns
+    assert second.test_path.exists()
+    status = {r.run_id: r.status for r in report.results if r.phase == "test"}
+    assert status == {"initial-countdown-2x10": "complete", first.path.name: "skipped", second.path.name: "skipped"}
+
+
+@needs_trainer
 def test_driver_notebooks_run_the_pipeline(tmp_path, monkeypatch):
     import papermill as pm
 

@@ -845,9 +845,16 @@ def _execute_test(study_dir: str, job: dict) -> JobResult:
 
 
 def _execute_unit(unit: dict) -> JobResult:
-    """Run one unit (training run or test job) in this process."""
+    """Run one unit (training run or test job) in this process.
+
+    A training unit may carry its run's terminal test (``unit["test"]``), which then runs
+    right after the run completes, while its final checkpoint is surely on this machine.
+    """
     if unit["kind"] == "train":
-        return _execute_training(unit["config"], unit["executor"], unit.get("progress", False))
+        result = _execute_training(unit["config"], unit["executor"], unit.get("progress", False))
+        if result.status in ("complete", "skipped") and "test" in unit:
+            _execute_test(unit["test"]["study_dir"], unit["test"]["job"])  # the test phase reports its outcome
+        return result
     return _execute_test(unit["study_dir"], unit["job"])
 
 
@@ -1011,11 +1018,16 @@ def run_study(preset: str | Path, phases: Iterable[str] | None = None, jobs: int
             report.results.append(JobResult(phase, phase, "blocked",
                                             error=f"no {p.study_dir / 'selection.json'} yet; run the selection phase first"))
             continue
+        tests = {t.run_id: {"kind": "test", "study_dir": str(p.study_dir), "job": t.job()} for t in _filter(p.tests, only)}
         if phase == "test":
-            units = [{"kind": "test", "study_dir": str(p.study_dir), "job": t.job()} for t in _filter(p.tests, only)]
+            units = list(tests.values())
         else:
             units = [{"kind": "train", "executor": executor, "config": r.config.to_dict()}
                      for r in _filter(p.phase(phase), only)]
+            if phase == "confirmation" and "test" in phases:
+                # Test each run as soon as it finishes: a study cut short (or a GPU machine handed
+                # back) then never leaves a finished checkpoint untested.
+                units = [u | ({"test": tests[rid]} if (rid := u["config"]["run_id"]) in tests else {}) for u in units]
         if units:
             report.results += _execute_all(units, jobs, phase, progress)
     return report
