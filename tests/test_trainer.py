@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from grpo_knobs.config import RunConfig
+from grpo_knobs.provenance import source_sha256
 from grpo_knobs.records import COLLECTION_FIELDS, EVAL_COLUMNS, TIMING_FIELDS, RunDir, RunExistsError
 from grpo_knobs.trainer import Trainer, train
 
@@ -65,6 +66,7 @@ def test_run_records_follow_the_schema_and_the_plan(tiny_run):
     assert set(conf["data"]["splits"]) >= {"train", "validation", "test"}
     assert len(conf["model"]["sha256"]) == 64
     assert conf["packages"]["torch"] and "git_commit" in conf
+    assert conf["source_sha256"] == source_sha256()
     assert (run.final_path / "model.safetensors").exists()
 
 
@@ -173,3 +175,20 @@ def test_options_run_end_to_end(tmp_path):
     (row,) = run.collections()
     assert [u["micro_batches"] for u in row["per_update"]] == [3, 3]  # 8 responses in slices of 3, 3, 2
     assert json.loads(run.config_path.read_text())["config"]["kl_coef"] == 0.05
+
+
+def test_source_hash_follows_the_code_and_nothing_else(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "sub" / "b.py").write_text("y = 2\n")
+    first = source_sha256(pkg)
+    (pkg / "__pycache__").mkdir()
+    (pkg / "__pycache__" / "a.cpython-312.py").write_text("cache")
+    (pkg / "notes.txt").write_text("not code")
+    assert source_sha256(pkg) == first
+    (pkg / "sub" / "b.py").write_text("y = 3\n")
+    assert source_sha256(pkg) != first
+    (pkg / "sub" / "b.py").write_text("y = 2\n")
+    (pkg / "sub" / "b.py").rename(pkg / "b.py")  # same contents, another module
+    assert source_sha256(pkg) != first

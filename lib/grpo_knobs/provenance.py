@@ -1,4 +1,4 @@
-"""What a run depends on, recorded beside its results: package versions and the git commit."""
+"""What a run depends on, recorded beside its results: package versions, the git commit, the library source."""
 
 from __future__ import annotations
 
@@ -33,6 +33,21 @@ def git_commit(root: Path = REPO_ROOT) -> str | None:
         return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def source_sha256(package_dir: Path = Path(__file__).resolve().parent) -> str:
+    """One hash over the library's Python sources (relative paths and contents).
+
+    It identifies the training code even where git metadata is missing or stale, as in a
+    copy of the working tree sent to a GPU machine.
+    """
+    h = hashlib.sha256()
+    for path in sorted(package_dir.rglob("*.py")):
+        rel = path.relative_to(package_dir).as_posix()
+        if "__pycache__" in rel:
+            continue
+        h.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:

@@ -34,7 +34,7 @@ from .evaluation import encode_prompts, evaluate
 from .grpo import (Sequence, clipped_surrogate_loss, collate, group_advantages, mixed_group_fraction,
                    pack_micro_batches, token_logprobs)
 from .prompts import prompt_version
-from .provenance import git_commit, package_versions
+from .provenance import git_commit, package_versions, source_sha256
 from .records import RunDir, atomic_write_json
 from .verifiers import grade
 
@@ -196,7 +196,7 @@ class Trainer:
             "model": {"name": self.model_info.name, "source": self.model_info.source, "sha256": self.model_info.sha256,
                       "path": str(self.model_info.path)},
             "device": str(self.device), "gpu": torch.cuda.get_device_name(0) if self.device.type == "cuda" else None,
-            "packages": package_versions(), "git_commit": git_commit(),
+            "packages": package_versions(), "git_commit": git_commit(), "source_sha256": source_sha256(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv,
         }
 
