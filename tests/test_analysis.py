@@ -210,6 +210,33 @@ def test_truncation_range_per_task():
     assert rng.iloc[0][["min", "max", "count"]].tolist() == [0.0, 1.0, 3]
 
 
+def test_training_signals_average_collections_in_windows_of_the_largest_collection():
+    def run(run_id, per_collection, rewards):
+        n = len(rewards)
+        return pd.DataFrame({"run_id": run_id, "collection": range(n),
+                             "responses": per_collection * np.arange(1, n + 1), "reward_mean": rewards,
+                             "mixed_group_fraction": 0.5, "truncation_fraction": 0.0,
+                             "response_length_mean": np.arange(n, dtype=float)})
+    collections = pd.concat([run("small-s1", 4, [0.0, 0.2, 0.4, 0.6]), run("small-s2", 4, [0.2, 0.2, 0.2, 0.2]),
+                             run("large-s1", 8, [0.1, 0.5])], ignore_index=True)
+    runs = pd.DataFrame({"run_id": ["small-s1", "small-s2", "large-s1"], "task": "t",
+                         "label": ["small", "small", "large"]})
+    table = an.training_signals(collections, runs)
+    reward = table[(table["signal"] == "reward_mean") & (table["label"] == "small")].sort_values("responses")
+    assert reward["responses"].tolist() == [8, 16]  # windows of 8 responses: the large run's collection
+    assert reward["mean"].tolist() == pytest.approx([15.0, 35.0])  # seeds 10 and 20, then 50 and 20
+    assert reward["min"].tolist() == pytest.approx([10.0, 20.0]) and reward["max"].tolist() == pytest.approx([20.0, 50.0])
+    assert (reward["n_seeds"] == 2).all()
+    large = table[(table["signal"] == "reward_mean") & (table["label"] == "large")]
+    assert large["mean"].tolist() == pytest.approx([10.0, 50.0])
+    length = table[(table["signal"] == "response_length_mean") & (table["label"] == "small")]
+    assert length["mean"].tolist() == pytest.approx([0.5, 2.5])  # tokens, unscaled
+    # A seed that stopped early drops the windows it did not finish.
+    partial = collections[~((collections["run_id"] == "small-s2") & (collections["collection"] >= 2))]
+    reward = an.training_signals(partial, runs).query("signal == 'reward_mean' and label == 'small'")
+    assert reward["responses"].tolist() == [8]
+
+
 def test_default_comparisons_follow_the_study_order():
     assert an.default_comparisons(["base", "x", "y"]) == [("x", "base"), ("y", "base"), ("y", "x")]
 
@@ -420,6 +447,7 @@ def test_every_figure_helper_draws(study):
         "reward_audit": plots.reward_audit_figure(an.reward_audit_summary(study.audits),
                                                   an.initial_test_grading(study.initial_tests), "t"),
         "screening": plots.screening_figure(tables, "t"),
+        "training_signals": plots.training_signals_figure(an.training_signals(study.collections, conf), labels, "t"),
         "critical_batch": plots.critical_batch_figure(bench, measured, 512, train, 256, 1.2, pred, "t"),
         "critical_batch_no_benchmark": plots.critical_batch_figure(None, measured, None, train, 256, 1.2, None, "t"),
     }
@@ -650,3 +678,9 @@ def test_responses_to_target_without_a_target_for_the_studys_task_is_empty(study
     screening = study.runs[study.runs["phase"] == "screening"]
     rt = an.responses_to_target(study.curves, screening, {"countdown-2x10": 6.0, "other-task": 1.0})
     assert rt.empty and "responses_needed" in rt.columns and "arm" in rt.columns
+
+
+def test_recipe_colors_stay_distinct_past_ten_recipes():
+    for n in (3, 10, 11, 20):
+        colors = plots.label_colors([f"arm-{i}" for i in range(n)])
+        assert len(set(colors.values())) == n

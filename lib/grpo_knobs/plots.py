@@ -94,9 +94,9 @@ def save_and_display(fig: Figure, out_dir: str | Path, name: str) -> None:
 
 
 def label_colors(labels: Sequence[str]) -> dict[str, tuple]:
-    """A fixed color per recipe label, in the given order."""
-    cmap = plt.get_cmap("tab10")
-    return {label: cmap(i % 10) for i, label in enumerate(labels)}
+    """A fixed color per recipe label, in the given order (tab10, or tab20 past ten labels)."""
+    cmap = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
+    return {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
 
 
 def plot_seed_curve(ax: plt.Axes, x: np.ndarray, mean: np.ndarray, low: np.ndarray, high: np.ndarray,
@@ -134,6 +134,37 @@ def learning_curves_figure(summaries: Mapping[str, pd.DataFrame], labels: Sequen
         axes[0, -1].annotate(f"target {format_pct(target)}%", (1.02, target), xycoords=("axes fraction", "data"),
                              fontsize=7, color="0.3", va="center", annotation_clip=False)
     axes[0, 0].set_ylabel("Validation accuracy (%)")
+    handles, names = axes[0, 0].get_legend_handles_labels()
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    if handles:
+        fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(names), 4),
+                   frameon=False)
+    return fig
+
+
+def training_signals_figure(table: pd.DataFrame, labels: Sequence[str], title: str) -> Figure:
+    """One panel per training signal against cumulative responses, seed mean and range per recipe.
+
+    ``table`` is :func:`grpo_knobs.analysis.training_signals` for one task.
+    """
+    from grpo_knobs.analysis import TRAINING_SIGNALS
+
+    colors = label_colors(labels)
+    fig, axes = plt.subplots(1, len(TRAINING_SIGNALS), figsize=(3.4 * len(TRAINING_SIGNALS), 3.2), squeeze=False)
+    for ax, (signal, (name, _)) in zip(axes[0], TRAINING_SIGNALS.items()):
+        rows = table[table["signal"] == signal]
+        for label in labels:
+            s = rows[rows["label"] == label].sort_values("responses")
+            if s.empty:
+                continue
+            x = s["responses"].to_numpy()
+            ax.plot(x, s["mean"].to_numpy(), "-", color=colors[label], lw=1.2, label=label)
+            if (s["n_seeds"] > 1).any():
+                ax.fill_between(x, s["min"].to_numpy(), s["max"].to_numpy(), color=colors[label], alpha=0.15, lw=0)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("Cumulative training responses")
+        ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(nbins=4))
     handles, names = axes[0, 0].get_legend_handles_labels()
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
