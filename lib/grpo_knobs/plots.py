@@ -107,6 +107,17 @@ def plot_seed_curve(ax: plt.Axes, x: np.ndarray, mean: np.ndarray, low: np.ndarr
     ax.vlines(x, low, high, color=color, lw=1.6, alpha=0.8)
 
 
+def _title_and_legend_below(fig: Figure, ax: plt.Axes, title: str) -> Figure:
+    """Title on top and the recipes' legend (from ``ax``) below the panels, so it hides no curve."""
+    handles, names = ax.get_legend_handles_labels()
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    if handles:
+        fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(names), 4),
+                   frameon=False)
+    return fig
+
+
 def learning_curves_figure(summaries: Mapping[str, pd.DataFrame], labels: Sequence[str],
                            targets: Sequence[float], title: str) -> Figure:
     """Validation accuracy against each x-axis of ``summaries`` (one panel each) for one task.
@@ -129,18 +140,12 @@ def learning_curves_figure(summaries: Mapping[str, pd.DataFrame], labels: Sequen
             ax.axhline(target, color="0.4", ls="--", lw=0.8)
         ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))  # ticks stay apart
         ax.set_xlabel(name)
-    # Target labels beside the last panel and the legend below the panels, so neither hides a curve.
+    # Target labels beside the last panel, so they hide no curve.
     for target in targets:
         axes[0, -1].annotate(f"target {format_pct(target)}%", (1.02, target), xycoords=("axes fraction", "data"),
                              fontsize=7, color="0.3", va="center", annotation_clip=False)
     axes[0, 0].set_ylabel("Validation accuracy (%)")
-    handles, names = axes[0, 0].get_legend_handles_labels()
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    if handles:
-        fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(names), 4),
-                   frameon=False)
-    return fig
+    return _title_and_legend_below(fig, axes[0, 0], title)
 
 
 def training_signals_figure(table: pd.DataFrame, labels: Sequence[str], title: str) -> Figure:
@@ -165,13 +170,7 @@ def training_signals_figure(table: pd.DataFrame, labels: Sequence[str], title: s
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("Cumulative training responses")
         ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(nbins=4))
-    handles, names = axes[0, 0].get_legend_handles_labels()
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    if handles:
-        fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(names), 4),
-                   frameon=False)
-    return fig
+    return _title_and_legend_below(fig, axes[0, 0], title)
 
 
 def time_to_target_figure(table: pd.DataFrame, labels: Sequence[str], title: str) -> Figure:
