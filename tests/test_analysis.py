@@ -401,12 +401,15 @@ def test_load_rollout_benchmark_forms(tmp_path):
 
 # --- writing tables and figures ---------------------------------------------
 def test_write_table_csv_and_markdown(tmp_path):
-    table = pd.DataFrame({"recipe": ["a|b"], "lr": [3e-6], "val_pct": [81.640625], "censored": [np.nan]})
+    table = pd.DataFrame({"recipe": ["a|b"], "lr": [3e-6], "val_pct": [81.640625], "censored": [np.nan],
+                          "seed_diffs_pp": [(14.000000000000002, 0.0, -42.0)]})
     paths = an.write_table(table, tmp_path, "t", formats={"lr": ".1e"})
     assert [p.name for p in paths] == ["t.csv", "t.md"]
     assert (tmp_path / "t.md").read_text() == (
-        "| recipe | lr | val_pct | censored |\n| --- | --- | --- | --- |\n| a\\|b | 3.0e-06 | 81.64 | n/a |\n")
-    assert pd.read_csv(tmp_path / "t.csv")["val_pct"].tolist() == [81.640625]
+        "| recipe | lr | val_pct | censored | seed_diffs_pp |\n| --- | --- | --- | --- | --- |\n"
+        "| a\\|b | 3.0e-06 | 81.64 | n/a | 14.00, 0.00, -42.00 |\n")
+    csv = pd.read_csv(tmp_path / "t.csv")
+    assert csv["val_pct"].tolist() == [81.640625] and csv["seed_diffs_pp"].tolist() == ["14.0; 0.0; -42.0"]
 
 
 def test_figures_written_with_stable_names_and_identical_bytes(study, tmp_path):
@@ -504,6 +507,16 @@ def test_phase_runs_falls_back_to_a_present_phase(study):
     picked = an.phase_runs(pilot, "screening")
     assert picked.phase == "pilot" and len(picked.runs) == len(pilot)
     assert picked.notes == ["no 'screening' runs; using the 'pilot' runs instead (phases present: ['pilot'])"]
+
+
+def test_phases_to_draw_keeps_present_phases_in_order_and_falls_back(study):
+    drawn, notes = an.phases_to_draw(study.runs, ["confirmation", "lr-followup", "no-such-phase"])
+    assert [d.phase for d in drawn] == ["confirmation", "lr-followup"]
+    assert notes == ["no 'no-such-phase' runs; skipping that phase", "gsm8k: no 'lr-followup' runs; skipping it"]
+    drawn, notes = an.phases_to_draw(study.runs.assign(phase="pilot"), ["screening", "confirmation"])
+    assert [d.phase for d in drawn] == ["pilot"] and "using the 'pilot' runs instead" in notes[0]
+    with pytest.raises(TypeError, match="list of phase names"):
+        an.phases_to_draw(study.runs, "screening")
 
 
 def test_arms_are_derived_from_shapes_when_the_named_arms_are_absent(tmp_path, study):
@@ -668,10 +681,11 @@ def test_every_notebook_runs_on_incomplete_studies(tmp_path, monkeypatch, capsys
     assert "countdown: group size arms derived from the runs (G varies at B=128, S=4" in printed
     assert "countdown: no optimizer batch arms" in printed
     assert sorted(p.name for p in (tmp_path / "pilot-figs").glob("*.png")) == [
-        "critical_batch_countdown-2x10.png", "learning_curves_countdown-2x10.png", "time_to_target_countdown-2x10.png"]
+        "critical_batch_countdown-2x10.png", "learning_curves_pilot_countdown-2x10.png",
+        "time_to_target_pilot_countdown-2x10.png", "training_signals_pilot_countdown-2x10.png"]
     assert sorted(p.name for p in (tmp_path / "smoke-figs").glob("*.png")) == [
-        "critical_batch_countdown.png", "group_size_countdown.png", "learning_curves_countdown.png",
-        "screening_countdown.png", "time_to_target_countdown.png"]
+        "critical_batch_countdown.png", "group_size_countdown.png", "learning_curves_screening_countdown.png",
+        "screening_countdown.png", "time_to_target_screening_countdown.png", "training_signals_screening_countdown.png"]
 
 
 def test_responses_to_target_without_a_target_for_the_studys_task_is_empty(study):

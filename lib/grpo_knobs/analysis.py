@@ -190,6 +190,23 @@ def phase_runs(runs: pd.DataFrame, phase: str) -> PhaseRuns:
     return PhaseRuns(chosen, chosen_runs, tasks, notes)
 
 
+def phases_to_draw(runs: pd.DataFrame, phases: Sequence[str]) -> tuple[list[PhaseRuns], list[str]]:
+    """:class:`PhaseRuns` for each of ``phases`` that has runs, in the given order.
+
+    When none has runs, the phase :func:`choose_phase` picks for the first one stands in.
+    Returns the selections and notes on what was skipped or replaced.
+    """
+    if isinstance(phases, str):
+        raise TypeError(f"phases must be a list of phase names, got the string {phases!r}")
+    present = set(runs["phase"].dropna())
+    drawn = [phase_runs(runs, ph) for ph in phases if ph in present]
+    notes = [f"no {ph!r} runs; skipping that phase" for ph in phases if ph not in present]
+    if not drawn:
+        fallback = phase_runs(runs, phases[0] if phases else "")
+        return [fallback], fallback.notes
+    return drawn, notes + [n for sel in drawn for n in sel.notes]
+
+
 @dataclass
 class ArmSet:
     """Arms chosen for one comparison, in display order.
@@ -1257,6 +1274,8 @@ def format_frame(table: pd.DataFrame, decimals: int = 2, formats: Mapping[str, s
         def cell(v: object) -> str:
             if isinstance(v, (float, np.floating)):
                 return "n/a" if math.isnan(v) else format(v, spec)
+            if isinstance(v, (tuple, list)):  # e.g. per-seed differences
+                return ", ".join(cell(x) for x in v)
             return str(v)
 
         return col.map(cell)
@@ -1285,7 +1304,10 @@ def write_table(table: pd.DataFrame, out_dir: str | Path, name: str, decimals: i
     out.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out / f"{name}.csv", out / f"{name}.md"
     values = table.drop(columns=["result"], errors="ignore")
-    values.round(6).to_csv(csv_path, index=False)
+    # Sequence cells (per-seed values) as "a; b; c", rounded like the other floats.
+    csv_values = values.round(6).apply(lambda col: col.map(
+        lambda v: "; ".join(str(round(float(x), 6)) for x in v) if isinstance(v, (tuple, list)) else v))
+    csv_values.to_csv(csv_path, index=False)
     header = f"**{note}**\n\n" if note else ""
     md_path.write_text(header + to_markdown(format_frame(values, decimals, formats)))
     return [csv_path, md_path]
