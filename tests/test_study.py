@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -308,6 +309,9 @@ def test_killed_study_resumes_without_redoing_or_losing_runs(tmp_path):
     proc.wait()
     before = _mtimes(first.path)
     assert not second.is_complete()
+    table = study.format_plan_table(study.plan(path, study_dir=study_dir))
+    assert re.search(r"t-small .* done\n", table) and re.search(r"t-split .* [23]/4\n", table)
+    assert "Left to run under" in table and ": 3 of 4 training runs, 3 of 3 terminal test jobs" in table
 
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -341,6 +345,8 @@ def test_each_confirmation_run_is_tested_before_the_next_starts(tmp_path):
     assert second.test_path.exists()
     status = {r.run_id: r.status for r in report.results if r.phase == "test"}
     assert status == {"initial-countdown-2x10": "complete", first.path.name: "skipped", second.path.name: "skipped"}
+    table = study.format_plan_table(study.plan(path, study_dir=study_dir))
+    assert table.count("done, tested") == 2 and ": 0 of 4 training runs, 0 of 3 terminal test jobs" in table
 
 
 @needs_trainer

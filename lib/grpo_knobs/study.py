@@ -523,12 +523,29 @@ def plan_to_json(plan: Plan) -> list[dict[str, Any]]:
 _COUNTS = ("collections", "updates", "evaluations")
 
 
-def _run_row(r: PlannedRun) -> tuple[str, ...]:
+def run_progress(study_dir: Path, run_id: str, collections: int | None = None) -> str:
+    """What the records under ``study_dir`` say about one run or test job: "-" (not started),
+    "done", "done, tested", "12/16" (collections so far) or its failure status."""
+    run = RunDir(study_dir / run_id)
+    if run.test_path.exists() and run_id.startswith("initial-"):
+        return "tested"
+    state = run.state()
+    if state is None:
+        return "-"
+    status = state.get("status", "unknown")
+    if status == "complete":
+        return "done, tested" if run.test_path.exists() else "done"
+    done = state.get("collections_done", 0)
+    return f"{done}/{collections}" + ("" if status == "running" else f" {status}") if collections else status
+
+
+def _run_row(r: PlannedRun, study_dir: Path) -> tuple[str, ...]:
     c, counts = r.config, r.counts()
     knobs = ("?",) * 4 if r.placeholder else tuple(str(getattr(c, k)) for k in KNOB_NAMES)
     lr = "?" if r.placeholder else f"{c.lr:.3g}"
+    progress = "-" if r.placeholder else run_progress(study_dir, r.run_id, c.collections)
     return (r.phase, r.task, r.arm, str(r.seed), *knobs, lr, f"{c.response_budget:,}",
-            *(_span(*counts[k]) for k in _COUNTS))
+            *(_span(*counts[k]) for k in _COUNTS), progress)
 
 
 def _total_line(label: str, runs: list[PlannedRun]) -> str:
@@ -551,12 +568,14 @@ def _test_line(tests: list[TerminalTest], tasks: Iterable[str]) -> str:
 
 def format_plan_table(plan: Plan) -> str:
     """Runs, responses, collections, updates and evaluations per run, with totals per phase."""
-    header = ("phase", "task", "arm", "seed", "P", "G", "B", "S", "lr", "responses", "collections", "updates", "evals")
-    rows = [_run_row(r) for r in plan.runs]
+    header = ("phase", "task", "arm", "seed", "P", "G", "B", "S", "lr", "responses", "collections", "updates", "evals",
+              "records")
+    rows = [_run_row(r, plan.study_dir) for r in plan.runs]
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
 
     def fmt(cells: Iterable[str]) -> str:
-        return "  ".join(x.rjust(w) if i >= 3 else x.ljust(w) for i, (x, w) in enumerate(zip(cells, widths)))
+        return "  ".join(x.rjust(w) if 3 <= i < len(header) - 1 else x.ljust(w)
+                         for i, (x, w) in enumerate(zip(cells, widths))).rstrip()
 
     lines = [f"Study {plan.name} ({plan.source.name}) -> {plan.study_dir}", fmt(header), fmt(["-" * w for w in widths])]
     lines += [fmt(row) for row in rows]
@@ -564,6 +583,10 @@ def format_plan_table(plan: Plan) -> str:
     phases = dict.fromkeys(r.phase for r in plan.runs)
     lines += [_total_line(ph, plan.phase(ph)) for ph in phases]
     lines += [_total_line("all training", plan.runs), _test_line(plan.tests, plan.targets)]
+    left = [r for r in plan.runs if not RunDir(plan.study_dir / r.run_id).is_complete()]
+    untested = [j for j in plan.tests if not RunDir(plan.study_dir / j.run_id).test_path.exists()]
+    lines.append(f"Left to run under {plan.study_dir}: {len(left)} of {len(plan.runs)} training runs, "
+                 f"{len(untested)} of {len(plan.tests)} terminal test jobs")
     lines.append("Selection rule: " + plan.rule.describe())
     if plan.selection:
         picks = "; ".join(f"{t}: {', '.join(a)}" for t, a in plan.selection["recipes"].items())
