@@ -1,7 +1,9 @@
 """Trainer throughput: tokens/s and model FLOP utilisation for packed micro-batches.
 
 Times the trainer's own update path (token log-probs, clipped surrogate, backward) over
-one optimizer batch of responses packed into micro-batches by token budget. Prints one
+one optimizer batch of responses packed into micro-batches by token budget, and beside it
+the no-grad scoring pass that computes the old-policy log-probs. A collection pays scoring
+plus S updates, or the update alone with S=1 and ``reuse_on_policy_logprobs``. Prints one
 row per budget and writes them as JSON.
 
     python -m benchmarks.train --budgets 4096,8192,16384 --responses 512 --out benchmarks/results/train-h200.json
@@ -62,23 +64,35 @@ def bench_budget(model, seqs, budget: int, device: torch.device, repeats: int) -
                                            update_tokens=float(n_tokens))
             terms.loss.backward()
 
-    one_update()  # warm-up: allocator, kernels
+    @torch.no_grad()
+    def one_scoring() -> None:
+        for mb in batches:
+            with autocast:
+                token_logprobs(model, mb)  # [m, R]
+
+    def timed(fn) -> float:
+        fn()  # warm-up: allocator, kernels
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t) / repeats
+
     if device.type == "cuda":
-        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    t = time.perf_counter()
-    for _ in range(repeats):
-        one_update()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    seconds = (time.perf_counter() - t) / repeats
+    seconds = timed(one_update)
+    scoring = timed(one_scoring)
     mean_len = n_tokens / len(seqs)
     flops = model_flops_per_token(model, int(mean_len)) * n_tokens
     peak = peak_flops(device)
     return {
         "max_tokens_per_micro_batch": budget, "responses": len(seqs), "micro_batches": len(micro),
         "tokens": n_tokens, "padded_tokens": sum(b.input_ids.numel() for b in batches),
-        "seconds_per_update": seconds, "tokens_per_s": n_tokens / seconds,
+        "seconds_per_update": seconds, "seconds_per_scoring": scoring,
+        "scoring_plus_update_over_update": (scoring + seconds) / seconds, "tokens_per_s": n_tokens / seconds,
         "model_tflops_per_s": flops / seconds / 1e12, "mfu": (flops / seconds / peak) if peak else None,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
     }
@@ -101,13 +115,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     seqs = synthetic_batch(a.responses, a.prompt_len, a.response_len, len(tok))
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     rows = []
-    print(f"{'budget':>8} {'micro':>6} {'tokens/s':>12} {'TFLOP/s':>9} {'MFU':>7} {'s/update':>9}")
+    print(f"{'budget':>8} {'micro':>6} {'tokens/s':>12} {'TFLOP/s':>9} {'MFU':>7} {'s/update':>9} {'s/scoring':>9} "
+          f"{'(scoring+update)/update':>23}")
     for budget in (int(b) for b in a.budgets.split(",")):
         r = {"gpu": gpu, "model": info.name} | bench_budget(model, seqs, budget, device, a.repeats)
         rows.append(r)
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
         print(f"{budget:>8} {r['micro_batches']:>6} {r['tokens_per_s']:>12,.0f} {r['model_tflops_per_s']:>9.2f} {mfu:>7} "
-              f"{r['seconds_per_update']:>9.3f}")
+              f"{r['seconds_per_update']:>9.3f} {r['seconds_per_scoring']:>9.3f} {r['scoring_plus_update_over_update']:>22.2f}x")
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(rows, indent=2) + "\n")

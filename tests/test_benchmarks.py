@@ -31,3 +31,21 @@ def test_rollout_benchmark_cpu(tmp_path):
         assert r["task"] == "countdown-2x10" and r["temperature"] == 1.0
         for path in ("fast", "compact", "fused"):
             assert r[f"{path}_tokens_per_s"] > 0 and 1 <= r[f"{path}_response_length_max"] <= 8
+
+
+def test_train_benchmark_cpu(tmp_path):
+    out = tmp_path / "train-cpu.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.train", "--model", "tiny-random", "--budgets", "64,256",
+                           "--responses", "8", "--prompt-len", "8", "--response-len", "16", "--repeats", "1",
+                           "--device", "cpu", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [r["max_tokens_per_micro_batch"] for r in rows] == [64, 256]
+    assert rows[0]["micro_batches"] > rows[1]["micro_batches"]  # a smaller budget packs more micro-batches
+    for r in rows:
+        assert r["gpu"] == "cpu" and r["model"] == "tiny-random" and r["responses"] == 8 and r["mfu"] is None
+        assert r["tokens"] <= r["padded_tokens"]
+        assert r["seconds_per_update"] > 0 and r["seconds_per_scoring"] > 0 and r["tokens_per_s"] > 0
+        assert r["scoring_plus_update_over_update"] == (r["seconds_per_scoring"] + r["seconds_per_update"]) / r["seconds_per_update"]

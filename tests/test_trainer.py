@@ -5,8 +5,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from grpo_knobs.config import RunConfig
+from grpo_knobs.grpo import token_logprobs
 from grpo_knobs.provenance import source_sha256
 from grpo_knobs.records import COLLECTION_FIELDS, EVAL_COLUMNS, TIMING_FIELDS, RunDir, RunExistsError
 from grpo_knobs.trainer import Trainer, train
@@ -192,3 +194,30 @@ def test_source_hash_follows_the_code_and_nothing_else(tmp_path):
     (pkg / "sub" / "b.py").write_text("y = 2\n")
     (pkg / "sub" / "b.py").rename(pkg / "b.py")  # same contents, another module
     assert source_sha256(pkg) != first
+
+
+def test_on_policy_logprob_reuse_drops_the_scoring_pass_and_keeps_the_update(tmp_path, monkeypatch):
+    import grpo_knobs.trainer as trainer_mod
+    from safetensors.torch import load_file
+
+    calls = []
+
+    def counted(model, mb, temperature=1.0):
+        calls.append(mb.response_ids.size(0))  # rows scored in this forward pass
+        return token_logprobs(model, mb, temperature)
+
+    monkeypatch.setattr(trainer_mod, "token_logprobs", counted)
+    finals, rows = {}, {}
+    for reuse in (False, True):  # S = 4 x 4 / 16 = 1: one collection, one update
+        cfg = tiny_cfg(tmp_path / str(reuse), global_batch_size=16, response_budget=16, eval_every_responses=16,
+                       reuse_on_policy_logprobs=reuse)
+        calls.clear()
+        run = RunDir(train(cfg, progress=False))
+        rows[reuse] = run.collections()[0]
+        assert sum(calls) == (16 if reuse else 32)  # scoring pass + update pass, or the update pass alone
+        finals[reuse] = load_file(str(run.final_path / "model.safetensors"))
+    assert rows[True]["per_update"][0]["ratio_max"] == 1.0 and rows[True]["per_update"][0]["clip_fraction"] == 0.0
+    for key in ("loss", "grad_norm"):
+        assert rows[True]["per_update"][0][key] == pytest.approx(rows[False]["per_update"][0][key], rel=1e-4, abs=1e-7)
+    for name, tensor in finals[False].items():
+        torch.testing.assert_close(finals[True][name], tensor, rtol=1e-5, atol=1e-6)

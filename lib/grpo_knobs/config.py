@@ -42,6 +42,10 @@ class RunConfig:
     std_normalize_advantages: bool = field(default=True, metadata={"help": "Divide by the group's sample std (False: Dr. GRPO)."})
     loss_aggregation: str = field(default="sequence-mean", metadata={"help": "sequence-mean or token-mean."})
     kl_coef: float = field(default=0.0, metadata={"help": "k3 KL penalty to the initial policy (0 = off)."})
+    reuse_on_policy_logprobs: bool = field(default=False, metadata={
+        "help": "With one update per collection (S=1) the old policy is the current one: take the old log-probs "
+                "from the update's own forward pass, detached, instead of a separate scoring pass. Same loss "
+                "and gradients, one forward pass fewer; no effect when S > 1."})
     # --- budget and evaluation
     seed: int = field(default=1, metadata={"help": "Fixes data draws, sampling and initialisation of a run."})
     response_budget: int = field(default=1024, metadata={"help": "Training responses in the run (whole collections)."})

@@ -237,22 +237,27 @@ class Trainer:
         g, b, s = plan.n_samples_per_prompt, plan.global_batch_size, plan.num_steps_per_rollout
         adv = group_advantages(rewards, g, cfg.std_normalize_advantages)  # [P*G]
         with self.clock.phase("trainer"):
-            old_logp = self._score(self.model, seqs)
+            # With S=1 nothing changes the weights between scoring and the update, so the update's
+            # forward pass can stand in for the scoring pass (it fills old_logp as it goes).
+            on_policy = cfg.reuse_on_policy_logprobs and s == 1
+            old_logp = [None] * len(seqs) if on_policy else self._score(self.model, seqs)
             ref_logp = self._score(self.ref_model, seqs) if self.ref_model is not None else None
-            mismatch = None
-            if batch["gen"].logprobs is not None:
-                diffs = [torch.tensor(e[: len(o)]) - o for e, o in zip(batch["gen"].logprobs, old_logp)]
-                mismatch = float(torch.cat(diffs).abs().mean()) if diffs else None
             order = np.random.default_rng([cfg.seed, 11, collection]).permutation(len(seqs) // g)
             flat = [int(grp) * g + k for grp in order for k in range(g)]  # groups shuffled, members kept together
             updates = []
             for step in range(s):
                 idx = flat[step * b:(step + 1) * b]
                 updates.append(self._update(idx, seqs, adv, old_logp, ref_logp))
+            mismatch = None
+            if batch["gen"].logprobs is not None:
+                diffs = [torch.tensor(e[: len(o)]) - o for e, o in zip(batch["gen"].logprobs, old_logp)]
+                mismatch = float(torch.cat(diffs).abs().mean()) if diffs else None
         return updates, mismatch
 
     def _update(self, idx: list[int], seqs: list[Sequence], adv: torch.Tensor,
-                old_logp: list[torch.Tensor], ref_logp: list[torch.Tensor] | None) -> dict:
+                old_logp: list[torch.Tensor | None], ref_logp: list[torch.Tensor] | None) -> dict:
+        """One optimizer step on responses ``idx``; entries of ``old_logp`` that are None are
+        taken from this step's own forward pass (detached) and stored back."""
         cfg = self.cfg
         self.optimizer.zero_grad(set_to_none=True)
         update_tokens = float(sum(len(seqs[i].response_ids) for i in idx))
@@ -264,6 +269,9 @@ class Trainer:
             r = mb.response_ids.size(1)
             with self._autocast():
                 logp = token_logprobs(self.model, mb, cfg.temperature)  # [m, R]
+            for row, i in enumerate(mb_idx):
+                if old_logp[i] is None:
+                    old_logp[i] = logp[row, : len(seqs[i].response_ids)].detach().float().cpu()
             terms = clipped_surrogate_loss(
                 logp, _stack_padded([old_logp[i] for i in mb_idx], r, self.device), adv[mb_idx].to(self.device), mb.response_mask,
                 clip_low=cfg.clip_low, clip_high=cfg.clip_high, aggregation=cfg.loss_aggregation,
