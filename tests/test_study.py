@@ -344,7 +344,9 @@ def test_each_confirmation_run_is_tested_before_the_next_starts(tmp_path):
     assert first.test_path.stat().st_mtime_ns < second.config_path.stat().st_mtime_ns
     assert second.test_path.exists()
     status = {r.run_id: r.status for r in report.results if r.phase == "test"}
-    assert status == {"initial-countdown-2x10": "complete", first.path.name: "skipped", second.path.name: "skipped"}
+    assert status == {"initial-countdown-2x10": "complete", first.path.name: "complete", second.path.name: "complete"}
+    again = study.run_study(path, jobs=1, study_dir=study_dir, executor="inprocess", progress=False)
+    assert {r.status for r in again.results if r.phase in ("confirmation", "test")} == {"skipped"}
     table = study.format_plan_table(study.plan(path, study_dir=study_dir))
     assert table.count("done, tested") == 2 and ": 0 of 4 training runs, 0 of 3 terminal test jobs" in table
 

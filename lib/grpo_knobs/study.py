@@ -1022,6 +1022,7 @@ def run_study(preset: str | Path, phases: Iterable[str] | None = None, jobs: int
     p.study_dir.mkdir(parents=True, exist_ok=True)
     _write_plan_snapshot(p)
     report = StudyReport(p.study_dir, selection=p.selection)
+    tested_before = {t.run_id for t in p.tests if RunDir(p.study_dir / t.run_id).test_path.exists()}
     for phase in (ph for ph in PHASE_ORDER if ph in phases):
         if phase == "selection":
             if p.selected:  # frozen: an existing selection (computed or written by hand) is kept
@@ -1052,7 +1053,11 @@ def run_study(preset: str | Path, phases: Iterable[str] | None = None, jobs: int
                 # back) then never leaves a finished checkpoint untested.
                 units = [u | ({"test": tests[rid]} if (rid := u["config"]["run_id"]) in tests else {}) for u in units]
         if units:
-            report.results += _execute_all(units, jobs, phase, progress)
+            results = _execute_all(units, jobs, phase, progress)
+            if phase == "test":  # tests run right after their confirmation run count as this call's work
+                results = [dataclasses.replace(r, status="complete") if r.status == "skipped"
+                           and r.run_id not in tested_before else r for r in results]
+            report.results += results
     return report
 
 
