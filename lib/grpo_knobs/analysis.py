@@ -741,6 +741,47 @@ def curve_endpoint_table(summary: pd.DataFrame, labels: Sequence[str] | None = N
     return sort_tasks(_sort_by_labels(table, labels, ["recipe"]))
 
 
+# Per-collection training signals drawn beside the learning curves: column -> (title, scale).
+TRAINING_SIGNALS = {
+    "reward_mean": ("Training reward (%)", 100.0),
+    "mixed_group_fraction": ("Mixed groups (%)", 100.0),
+    "truncation_fraction": ("Truncated responses (%)", 100.0),
+    "response_length_mean": ("Mean response length (tokens)", 1.0),
+}
+
+
+def training_signals(collections: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """Seed mean and range of the per-collection training signals, in response windows.
+
+    Collections are averaged within windows of W responses, W being the largest collection
+    (P x G) among the task's runs, so every run has at least one collection in each window and
+    runs with small collections are smoothed to the same resolution. Windows are matched
+    across seeds by their end (``responses``); only windows every seed of a recipe finished
+    are kept. Returns one row per task, recipe, signal and window, values scaled as in
+    :data:`TRAINING_SIGNALS`.
+    """
+    meta = runs[["run_id", "task", "label"]]
+    merged = collections.merge(meta, on="run_id")
+    rows = []
+    for task, t in merged.groupby("task", sort=True):
+        per_collection = (t["responses"] // (t["collection"] + 1)).astype(int)  # [collections] P x G of each run
+        width = int(per_collection.max())
+        window_end = width * np.ceil(t["responses"] / width).astype(int)  # [collections]
+        t = t.assign(window=window_end)
+        for label, g in t.groupby("label", sort=True):
+            for column, (_, scale) in TRAINING_SIGNALS.items():
+                table = g.pivot_table(index="run_id", columns="window", values=column, aggfunc="mean")  # [seeds, windows]
+                table = table.loc[:, table.notna().all()]
+                if table.empty:
+                    continue
+                summary = stats.seed_summary(scale * table.to_numpy())
+                for i, end in enumerate(table.columns):
+                    rows.append({"task": task, "label": label, "signal": column, "responses": int(end),
+                                 "mean": summary.mean[i], "min": summary.min[i], "max": summary.max[i],
+                                 "n_seeds": table.shape[0]})
+    return pd.DataFrame(rows, columns=["task", "label", "signal", "responses", "mean", "min", "max", "n_seeds"])
+
+
 # ---------------------------------------------------------------------------
 # Confirmation tables (notebook 51)
 # ---------------------------------------------------------------------------
@@ -869,47 +910,6 @@ def truncation_range(table: pd.DataFrame) -> pd.DataFrame:
 # ---------------------------------------------------------------------------
 # Time to target (notebook 52)
 # ---------------------------------------------------------------------------
-# Per-collection training signals drawn beside the learning curves: column -> (title, scale).
-TRAINING_SIGNALS = {
-    "reward_mean": ("Training reward (%)", 100.0),
-    "mixed_group_fraction": ("Mixed groups (%)", 100.0),
-    "truncation_fraction": ("Truncated responses (%)", 100.0),
-    "response_length_mean": ("Mean response length (tokens)", 1.0),
-}
-
-
-def training_signals(collections: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
-    """Seed mean and range of the per-collection training signals, in response windows.
-
-    Collections are averaged within windows of W responses, W being the largest collection
-    (P x G) among the task's runs, so every run has at least one collection in each window and
-    runs with small collections are smoothed to the same resolution. Windows are matched
-    across seeds by their end (``responses``); only windows every seed of a recipe finished
-    are kept. Returns one row per task, recipe, signal and window, values scaled as in
-    :data:`TRAINING_SIGNALS`.
-    """
-    meta = runs[["run_id", "task", "label"]]
-    merged = collections.merge(meta, on="run_id")
-    rows = []
-    for task, t in merged.groupby("task", sort=True):
-        per_collection = (t["responses"] // (t["collection"] + 1)).astype(int)  # [collections] P x G of each run
-        width = int(per_collection.max())
-        window_end = width * np.ceil(t["responses"] / width).astype(int)  # [collections]
-        t = t.assign(window=window_end)
-        for label, g in t.groupby("label", sort=True):
-            for column, (_, scale) in TRAINING_SIGNALS.items():
-                table = g.pivot_table(index="run_id", columns="window", values=column, aggfunc="mean")  # [seeds, windows]
-                table = table.loc[:, table.notna().all()]
-                if table.empty:
-                    continue
-                summary = stats.seed_summary(scale * table.to_numpy())
-                for i, end in enumerate(table.columns):
-                    rows.append({"task": task, "label": label, "signal": column, "responses": int(end),
-                                 "mean": summary.mean[i], "min": summary.min[i], "max": summary.max[i],
-                                 "n_seeds": table.shape[0]})
-    return pd.DataFrame(rows, columns=["task", "label", "signal", "responses", "mean", "min", "max", "n_seeds"])
-
-
 def time_to_target_table(curves: pd.DataFrame, runs: pd.DataFrame,
                          targets: Mapping[str, Sequence[float]]) -> pd.DataFrame:
     """One row per run and target (percent): the bracket in responses, active and job seconds.
