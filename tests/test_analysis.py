@@ -237,6 +237,18 @@ def test_training_signals_average_collections_in_windows_of_the_largest_collecti
     assert reward["responses"].tolist() == [8]
 
 
+def test_paired_job_times_pair_seeds_by_number():
+    runs = pd.DataFrame({"task": "t", "label": ["big"] * 3 + ["small"] * 4, "seed": [1, 2, 3, 1, 2, 3, 4],
+                         "job_seconds": [60.0, 120.0, 90.0, 120.0, 100.0, 180.0, 999.0]})
+    table = an.paired_job_times(runs, "t", [("big", "small"), ("big", "absent")])
+    assert len(table) == 1  # no common seed with "absent"; seed 4 has no partner
+    row = table.iloc[0]
+    assert row["comparison"] == "big versus small" and row["n_seeds"] == 3 and row["seeds_faster"] == 2
+    assert row["x_job_min"] == pytest.approx(1.5) and row["y_job_min"] == pytest.approx(400 / 180)
+    assert row["seed_reductions_pct"] == pytest.approx((50.0, -20.0, 50.0))
+    assert row["reduction_pct"] == pytest.approx(100 * (1 - 270 / 400)) and row["ratio"] == pytest.approx(270 / 400)
+
+
 def test_default_comparisons_follow_the_study_order():
     assert an.default_comparisons(["base", "x", "y"]) == [("x", "base"), ("y", "base"), ("y", "x")]
 

@@ -55,6 +55,7 @@ from grpo_knobs.analysis.confirmation import (
     default_comparisons,
     format_comparisons,
     paired_comparisons,
+    paired_job_times,
     phase_cost_table,
     recipe_test_scores,
     truncation_range,
@@ -141,7 +142,7 @@ __all__ = [
     # curves
     "TRAINING_SIGNALS", "curve_endpoint_table", "eval_curves", "summarize_curves", "training_signals",
     # confirmation
-    "confirmation_run_table", "default_comparisons", "format_comparisons", "paired_comparisons",
+    "confirmation_run_table", "default_comparisons", "format_comparisons", "paired_comparisons", "paired_job_times",
     "phase_cost_table", "recipe_test_scores", "truncation_range", "truncation_table",
     # time_to_target
     "time_to_target_summary", "time_to_target_table",
