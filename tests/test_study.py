@@ -21,6 +21,7 @@ import yaml
 from grpo_knobs import study
 from grpo_knobs.knobs import KNOB_NAMES, LR_FOLLOWUP_ARM, STUDY_ARMS
 from grpo_knobs.records import RunDir, atomic_write_json
+from grpo_knobs.study import run as study_run
 
 ROOT = Path(__file__).resolve().parents[1]
 ENDPOINTS = ROOT.parent / "shared" / "data" / "reference" / "study_endpoints.csv"
@@ -386,7 +387,7 @@ def test_parallel_workers_each_hold_their_own_gpu(monkeypatch):
         spans.append((gpu, t0, time.perf_counter()))
         return study.JobResult(unit["config"]["run_id"], "screening", "complete")
 
-    monkeypatch.setattr(study, "_execute_in_worker", fake_worker)
+    monkeypatch.setattr(study_run, "_execute_in_worker", fake_worker)
     units = [{"kind": "train", "config": {"run_id": f"r{i}", "response_budget": 1024, "rollout_batch_size": 2 ** i,
                                           "n_samples_per_prompt": 8}} for i in range(6)]
     results = study._execute_all(units, jobs=2, desc="t", progress=False)
@@ -405,7 +406,7 @@ def test_parallel_workers_start_the_longest_runs_first(monkeypatch):
         started.append(unit["config"]["run_id"])
         return study.JobResult(unit["config"]["run_id"], "screening", "complete")
 
-    monkeypatch.setattr(study, "_execute_in_worker", fake_worker)
+    monkeypatch.setattr(study_run, "_execute_in_worker", fake_worker)
     collections = {"short": 16, "long": 128, "mid": 32}  # response_budget / (P * G)
     units = [{"kind": "train", "config": {"run_id": name, "response_budget": 16384, "rollout_batch_size": 16384 // (8 * n),
                                           "n_samples_per_prompt": 8}} for name, n in collections.items()]

@@ -1,0 +1,87 @@
+"""The analysis notebooks (50-56) executed through papermill: on a study directory, or the
+committed ones in place."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..provenance import REPO_ROOT
+
+
+ANALYSIS_NOTEBOOKS = ("50_learning_curves", "51_confirmation", "52_time_to_target", "53_group_size",
+                      "54_reward_audit", "55_screening", "56_critical_batch")
+
+
+def run_analysis(study_dir: str | Path, out_dir: str | Path | None = None,
+                 notebooks: Iterable[str] = ANALYSIS_NOTEBOOKS, progress: bool = True) -> list[Path]:
+    """Execute the analysis notebooks on a study directory through papermill.
+
+    Figures and tables go to ``out_dir`` (default ``<study_dir>/figures``); each executed
+    notebook is kept there too, so a reader sees the numbers behind every figure. Targets
+    come from the study's ``plan.json``.
+    """
+    import papermill as pm
+    from tqdm.auto import tqdm
+
+    study_dir = Path(study_dir).resolve()
+    out = Path(out_dir).resolve() if out_dir else study_dir / "figures"
+    out.mkdir(parents=True, exist_ok=True)
+    plan_file = study_dir / "plan.json"
+    targets = json.loads(plan_file.read_text()).get("targets", {}) if plan_file.exists() else {}
+    written = []
+    for name in tqdm(list(notebooks), desc="analysis notebooks", disable=not progress):
+        params: dict[str, Any] = {"study_dir": str(study_dir), "out_dir": str(out)}
+        if targets and name in ("50_learning_curves", "52_time_to_target"):
+            params["targets"] = targets
+        if targets and name == "56_critical_batch":
+            params["targets"] = {task: values[0] for task, values in targets.items() if values}
+        target = out / f"{name}.ipynb"
+        pm.execute_notebook(str(REPO_ROOT / "notebooks" / f"{name}.ipynb"), str(target), parameters=params,
+                            cwd=str(REPO_ROOT), progress_bar=False, kernel_name="python3")
+        written.append(target)
+    return written
+
+
+def refresh_committed_notebooks(notebooks: Iterable[str] = ANALYSIS_NOTEBOOKS, progress: bool = True) -> list[Path]:
+    """Re-execute the committed analysis notebooks in place, on their default records.
+
+    Their parameter defaults read ``results/h200-mini`` and write ``figures/``; no parameters
+    are injected, and papermill's run metadata is dropped so a refresh diffs only in outputs.
+    """
+    import nbformat
+    import papermill as pm
+    from tqdm.auto import tqdm
+
+    written = []
+    for name in tqdm(list(notebooks), desc="committed notebooks", disable=not progress):
+        path = REPO_ROOT / "notebooks" / f"{name}.ipynb"
+        pm.execute_notebook(str(path), str(path), cwd=str(REPO_ROOT), progress_bar=False, kernel_name="python3")
+        nb = nbformat.read(path, as_version=4)
+        nb.metadata.pop("papermill", None)
+        for cell in nb.cells:
+            cell.metadata.pop("papermill", None)
+            cell.metadata.pop("execution", None)
+            if cell.cell_type == "code":
+                cell.outputs = merge_streams(cell.outputs)
+        nbformat.write(nb, path)
+        written.append(path)
+    return written
+
+
+def merge_streams(outputs: list) -> list:
+    """Join consecutive stdout (or stderr) outputs into one, as a reader sees them.
+
+    How a kernel splits printed text into stream messages depends on flush timing, so
+    merged streams keep a refreshed notebook's diff down to real changes.
+    """
+    merged: list = []
+    for out in outputs:
+        prev = merged[-1] if merged else None
+        if (out.get("output_type") == "stream" and prev is not None and prev.get("output_type") == "stream"
+                and prev.get("name") == out.get("name")):
+            prev["text"] = prev["text"] + out["text"]
+        else:
+            merged.append(out)
+    return merged

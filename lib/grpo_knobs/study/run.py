@@ -1,0 +1,428 @@
+"""Execution: ``run_study`` runs a plan's phases here or in worker processes, skipping completed
+runs, resuming killed ones and recording failures."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fnmatch
+import gc
+import json
+import os
+import queue
+import subprocess
+import sys
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from tqdm.auto import tqdm
+
+from ..config import RunConfig
+from ..provenance import REPO_ROOT
+from ..records import RunDir, atomic_write_json, read_json
+from .planning import PHASE_ORDER, Plan, PlanError, PlannedRun, plan
+from .presenting import plan_to_json
+from .selection import select
+
+TRAIN_NOTEBOOK = REPO_ROOT / "notebooks" / "10_train.ipynb"
+EXECUTORS = ("auto", "papermill", "inprocess")
+# Fields that may differ between a recorded run and its plan without changing what it learns.
+LOCAL_FIELDS = frozenset({"resume", "output_dir", "device", "engine_url", "data_dir"})
+
+
+@dataclass
+class JobResult:
+    """What happened to one run or test job in one ``run_study`` call."""
+
+    run_id: str
+    phase: str
+    status: str  # complete, skipped, failed, blocked
+    seconds: float = 0.0
+    error: str | None = None
+    record: str | None = None  # the failed notebook or failure file
+
+
+@dataclass
+class StudyReport:
+    """Outcome of ``run_study``: every job's status; ``summary()`` names each failure and its record."""
+
+    study_dir: Path
+    results: list[JobResult] = field(default_factory=list)
+    selection: dict | None = None
+
+    @property
+    def failed(self) -> list[JobResult]:
+        return [r for r in self.results if r.status in ("failed", "blocked")]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.results:
+            out[r.status] = out.get(r.status, 0) + 1
+        return out
+
+    def summary(self) -> str:
+        counts = ", ".join(f"{n} {s}" for s, n in sorted(self.counts().items())) or "nothing to do"
+        lines = [f"Study {self.study_dir}: {counts}."]
+        for r in self.failed:
+            lines.append(f"  {r.status.upper()} {r.run_id} ({r.phase}): {r.error}" + (f"\n    see {r.record}" if r.record else ""))
+        return "\n".join(lines)
+
+    __str__ = summary
+
+    def to_frame(self):
+        import pandas as pd
+        return pd.DataFrame([dataclasses.asdict(r) for r in self.results])
+
+    def raise_on_failure(self) -> None:
+        """Fail a driver notebook or command after the report has been shown."""
+        if self.failed:
+            raise RuntimeError(self.summary())
+
+
+def _resolve_executor(executor: str) -> str:
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}.")
+    if executor != "auto":
+        return executor
+    try:
+        import papermill  # noqa: F401
+    except ImportError:
+        return "inprocess"
+    return "papermill" if TRAIN_NOTEBOOK.exists() else "inprocess"
+
+
+def _subprocess_env(threads: int | None) -> dict[str, str]:
+    """The environment of kernels and workers: this library importable, threads bounded."""
+    env = dict(os.environ)
+    lib = str(Path(__file__).resolve().parents[2])
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if lib not in parts:
+        env["PYTHONPATH"] = os.pathsep.join([lib, *parts])
+    if threads:
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env[var] = str(threads)
+    return env
+
+
+def _config_drift(cfg: RunConfig) -> list[str]:
+    """Fields whose recorded value differs from the plan, for a run that already has records."""
+    path = RunDir(cfg.run_dir).config_path
+    if not path.exists():
+        return []
+    recorded = read_json(path).get("config", {})
+    planned = cfg.to_dict()
+    # Fields newer than the record are not compared, so adding a RunConfig field keeps old runs resumable.
+    return [f"{k}: recorded {recorded[k]!r}, planned {v!r}" for k, v in planned.items()
+            if k not in LOCAL_FIELDS and k in recorded and recorded[k] != v]
+
+
+def _error_text(exc: BaseException) -> str:
+    ename, evalue = getattr(exc, "ename", None), getattr(exc, "evalue", None)
+    text = f"{ename}: {evalue}" if ename else f"{type(exc).__name__}: {exc}"
+    return text.strip().splitlines()[0][:500] if text.strip() else type(exc).__name__
+
+
+def _train_papermill(cfg: RunConfig) -> tuple[str | None, str | None]:
+    """Execute 10_train.ipynb for one run; returns (error, failed notebook path)."""
+    import papermill as pm
+
+    run_dir = cfg.run_dir
+    staging = Path(cfg.output_dir) / ".running" / f"{cfg.run_id}.ipynb"
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    # The kernel inherits this process's environment; it must import this same library.
+    os.environ["PYTHONPATH"] = _subprocess_env(None)["PYTHONPATH"]
+    try:
+        # The trainer refuses a non-empty new run directory, so the notebook is written beside
+        # it while it runs and moved in afterwards.
+        pm.execute_notebook(str(TRAIN_NOTEBOOK), str(staging), parameters=cfg.to_dict(), cwd=str(TRAIN_NOTEBOOK.parent),
+                            progress_bar=False)
+    except Exception as exc:  # papermill saved the partially executed notebook first
+        run_dir.mkdir(parents=True, exist_ok=True)
+        failed = run_dir / "10_train.failed.ipynb"
+        if staging.exists():
+            os.replace(staging, failed)
+        return _error_text(exc), str(failed)
+    os.replace(staging, run_dir / "10_train.ipynb")
+    with contextlib.suppress(OSError):  # other workers may still be using it
+        staging.parent.rmdir()
+    return None, None
+
+
+def _train_inprocess(cfg: RunConfig, progress: bool) -> tuple[str | None, str | None]:
+    """Call trainer.train for one run; a failure's traceback goes to <run_dir>/failure.txt."""
+    from ..trainer import train
+    try:
+        train(cfg, progress=progress)
+    except Exception as exc:
+        failure = cfg.run_dir / "failure.txt"
+        cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        failure.write_text(traceback.format_exc())
+        return _error_text(exc), str(failure)
+    finally:
+        _release_memory()
+    return None, None
+
+
+def _release_memory() -> None:
+    """Free the finished run's tensors before the next run loads a model in this process."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _execute_training(config: dict, executor: str, progress: bool) -> JobResult:
+    cfg = RunConfig.from_dict(config)
+    run = RunDir(cfg.run_dir)
+    t0 = time.perf_counter()
+    if run.is_complete():
+        return JobResult(cfg.run_id, cfg.phase, "skipped")
+    cfg = dataclasses.replace(cfg, resume=run.path.exists() and any(run.path.iterdir()))
+    if executor == "papermill":
+        error, record = _train_papermill(cfg)
+    else:
+        error, record = _train_inprocess(cfg, progress)
+    if error is None and not run.is_complete():
+        state = run.state() or {}
+        error = f"the run ended without state.json status 'complete' (status: {state.get('status')})"
+    return JobResult(cfg.run_id, cfg.phase, "failed" if error else "complete", time.perf_counter() - t0, error, record)
+
+
+def _execute_test(study_dir: str, job: dict) -> JobResult:
+    from ..evaluation import run_test_job
+
+    run_dir = Path(study_dir) / job["run_id"]
+    t0 = time.perf_counter()
+    if RunDir(run_dir).test_path.exists():
+        return JobResult(job["run_id"], "test", "skipped")
+    if not job["run_id"].startswith("initial-") and not RunDir(run_dir).is_complete():
+        return JobResult(job["run_id"], "test", "blocked", 0.0, "its confirmation run is not complete")
+    try:
+        run_test_job(study_dir, job)
+    except Exception as exc:
+        failure = run_dir / "test.failure.txt"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        failure.write_text(traceback.format_exc())
+        return JobResult(job["run_id"], "test", "failed", time.perf_counter() - t0, _error_text(exc), str(failure))
+    finally:
+        _release_memory()
+    return JobResult(job["run_id"], "test", "complete", time.perf_counter() - t0)
+
+
+def _execute_unit(unit: dict) -> JobResult:
+    """Run one unit (training run or test job) in this process.
+
+    A training unit may carry its run's terminal test (``unit["test"]``), which then runs
+    right after the run completes, while its final checkpoint is surely on this machine.
+    """
+    if unit["kind"] == "train":
+        result = _execute_training(unit["config"], unit["executor"], unit.get("progress", False))
+        if result.status in ("complete", "skipped") and "test" in unit:
+            _execute_test(unit["test"]["study_dir"], unit["test"]["job"])  # the test phase reports its outcome
+        return result
+    return _execute_test(unit["study_dir"], unit["job"])
+
+
+def visible_gpus() -> list[str]:
+    """CUDA device ids that worker processes may be placed on ([] without CUDA)."""
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        return [d.strip() for d in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
+    try:
+        import torch
+    except ImportError:
+        return []
+    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+def _worker_log(unit: dict) -> Path:
+    """<study_dir>/.logs/<run_id>.log: a worker's progress bars and messages."""
+    if unit["kind"] == "train":
+        root, run_id = unit["config"]["output_dir"], unit["config"]["run_id"]
+    else:
+        root, run_id = unit["study_dir"], unit["job"]["run_id"]
+    return Path(root) / ".logs" / f"{run_id}.log"
+
+
+def _execute_in_worker(unit: dict, threads: int, gpu: str | None = None) -> JobResult:
+    """Run one unit in a fresh process with bounded threads, on one GPU when ``gpu`` is given.
+
+    The worker's stderr (its progress bars, warnings, a crash's traceback) goes to
+    :func:`_worker_log`; its last stdout line is the JobResult.
+    """
+    env = _subprocess_env(threads)
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    log = _worker_log(unit)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as err:
+        err.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} worker start (GPU {gpu or 'none'}, {threads} threads)\n")
+        err.flush()
+        proc = subprocess.run([sys.executable, "-m", "grpo_knobs.study", "--worker", str(threads)],
+                              input=json.dumps(unit | {"progress": True}), stdout=subprocess.PIPE, stderr=err,
+                              text=True, env=env)
+    last = proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []
+    if proc.returncode == 0 and last:
+        return JobResult(**json.loads(last[0]))
+    run_id = unit["config"]["run_id"] if unit["kind"] == "train" else unit["job"]["run_id"]
+    phase = unit["config"]["phase"] if unit["kind"] == "train" else "test"
+    tail = " | ".join(line.strip() for line in log.read_text().splitlines()[-3:])
+    return JobResult(run_id, phase, "failed", 0.0, f"worker exited with code {proc.returncode}: {tail}", str(log))
+
+
+def _unit_cost(unit: dict) -> float:
+    """A training run's collection count (its generate calls dominate its time); test jobs are short."""
+    if unit["kind"] != "train":
+        return 0.0
+    c = unit["config"]
+    return c["response_budget"] / (c["rollout_batch_size"] * c["n_samples_per_prompt"])
+
+
+def _execute_all(units: list[dict], jobs: int, desc: str, progress: bool) -> list[JobResult]:
+    """Run units one at a time (jobs=1) or side by side in worker processes, with a progress bar."""
+    results: list[JobResult] = []
+    bar = tqdm(total=len(units), desc=desc, unit="run", disable=not progress)
+
+    def done(result: JobResult) -> None:
+        results.append(result)
+        bar.update(1)
+        bar.set_postfix(failed=sum(r.status in ("failed", "blocked") for r in results))
+
+    if jobs == 1:
+        for unit in units:
+            bar.set_postfix_str(unit["config"]["run_id"] if unit["kind"] == "train" else unit["job"]["run_id"])
+            done(_execute_unit(unit | {"progress": progress}))
+    else:
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        # Worker slot k runs on GPU k mod n: with jobs equal to the GPU count each run has a GPU
+        # to itself, so its phase times are not inflated by another run sharing the device.
+        gpus = visible_gpus()
+        slots: queue.Queue[int] = queue.Queue()
+        for k in range(jobs):
+            slots.put(k)
+
+        def in_slot(unit: dict) -> JobResult:
+            k = slots.get()
+            try:
+                return _execute_in_worker(unit, threads, gpus[k % len(gpus)] if gpus else None)
+            finally:
+                slots.put(k)
+
+        with ThreadPoolExecutor(jobs) as pool:
+            # Longest first (most collections), so a long run does not start last and hold the
+            # other workers idle at the end.
+            for future in as_completed([pool.submit(in_slot, u) for u in sorted(units, key=_unit_cost, reverse=True)]):
+                done(future.result())
+    bar.close()
+    order = {(u["config"]["run_id"] if u["kind"] == "train" else u["job"]["run_id"]): i for i, u in enumerate(units)}
+    return sorted(results, key=lambda r: order[r.run_id])
+
+
+def _filter(items: Iterable, only: list[str] | None) -> list:
+    return [x for x in items if not only or any(fnmatch.fnmatch(x.run_id, pat) for pat in only)]
+
+
+def _check_drift(runs: list[PlannedRun]) -> None:
+    problems = [f"{r.run_id}: {'; '.join(d)}" for r in runs if (d := _config_drift(r.config))]
+    if problems:
+        raise PlanError("Existing run records disagree with the plan (records are never overwritten; use another "
+                        "study_dir or move these runs away):\n  " + "\n  ".join(problems))
+
+
+def _write_plan_snapshot(p: Plan) -> None:
+    """<study_dir>/plan.json: the resolved plan, its targets and rule, for the analysis notebooks."""
+    atomic_write_json(p.study_dir / "plan.json", {
+        "name": p.name, "source": str(p.source), "params": p.params, "targets": p.targets,
+        "selection_rule": p.rule.describe(), "runs": plan_to_json(p)})
+
+
+def run_study(preset: str | Path, phases: Iterable[str] | None = None, jobs: int = 1,
+              study_dir: str | Path | None = None, executor: str = "auto", *,
+              params: dict[str, Any] | None = None, only: list[str] | None = None,
+              progress: bool = True) -> StudyReport:
+    """Execute a study's phases in order, skipping completed work and recording failures.
+
+    Args:
+        preset: preset name or plan file.
+        phases: subset of screening, lr-followup, selection, confirmation, test (default all).
+        jobs: runs side by side in worker processes; 1 runs them here, one at a time. With
+            CUDA, worker k uses GPU k mod n; more jobs than GPUs share devices, which
+            inflates every sharing run's phase times.
+        study_dir: where run directories go (default runs/<study name>).
+        executor: papermill (10_train.ipynb per run), inprocess (trainer.train), or auto.
+        params: values for the plan's ``params``.
+        only: run-id glob patterns; other runs are left for a later call.
+    """
+    phases = list(phases or PHASE_ORDER)
+    bad = [ph for ph in phases if ph not in PHASE_ORDER]
+    if bad:
+        raise ValueError(f"Unknown phase(s) {bad}; phases: {', '.join(PHASE_ORDER)}.")
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be a positive integer, got {jobs!r}.")
+    executor = _resolve_executor(executor)
+    p = plan(preset, study_dir=study_dir, params=params)
+    _check_drift([r for r in p.runs if not r.placeholder and r.phase in phases])
+    p.study_dir.mkdir(parents=True, exist_ok=True)
+    _write_plan_snapshot(p)
+    report = StudyReport(p.study_dir, selection=p.selection)
+    tested_before = {t.run_id for t in p.tests if RunDir(p.study_dir / t.run_id).test_path.exists()}
+    for phase in (ph for ph in PHASE_ORDER if ph in phases):
+        if phase == "selection":
+            if p.selected:  # frozen: an existing selection (computed or written by hand) is kept
+                report.results.append(JobResult("selection", "selection", "skipped"))
+                continue
+            try:
+                report.selection = select(p)
+            except PlanError as exc:
+                report.results.append(JobResult("selection", "selection", "blocked", error=str(exc)))
+                continue
+            report.results.append(JobResult("selection", "selection", "complete"))
+            p = plan(preset, study_dir=p.study_dir, params=params)
+            _check_drift([r for r in p.runs if not r.placeholder and r.phase in phases])
+            _write_plan_snapshot(p)
+            continue
+        if phase in ("confirmation", "test") and not p.selected:
+            report.results.append(JobResult(phase, phase, "blocked",
+                                            error=f"no {p.study_dir / 'selection.json'} yet; run the selection phase first"))
+            continue
+        tests = {t.run_id: {"kind": "test", "study_dir": str(p.study_dir), "job": t.job()} for t in _filter(p.tests, only)}
+        if phase == "test":
+            units = list(tests.values())
+        else:
+            units = [{"kind": "train", "executor": executor, "config": r.config.to_dict()}
+                     for r in _filter(p.phase(phase), only)]
+            if phase == "confirmation" and "test" in phases:
+                # Test each run as soon as it finishes: a study cut short (or a GPU machine handed
+                # back) then never leaves a finished checkpoint untested.
+                units = [u | ({"test": tests[rid]} if (rid := u["config"]["run_id"]) in tests else {}) for u in units]
+        if units:
+            results = _execute_all(units, jobs, phase, progress)
+            if phase == "test":  # tests run right after their confirmation run count as this call's work
+                results = [dataclasses.replace(r, status="complete") if r.status == "skipped"
+                           and r.run_id not in tested_before else r for r in results]
+            report.results += results
+    return report
+
+
+def terminal_test_results(preset_or_plan: str | Path | Plan, *, study_dir: str | Path | None = None,
+                 params: dict[str, Any] | None = None):
+    """Mean terminal-test accuracy per finished test job, as a DataFrame."""
+    import pandas as pd
+    p = preset_or_plan if isinstance(preset_or_plan, Plan) else plan(preset_or_plan, study_dir=study_dir, params=params)
+    arms = {r.run_id: (r.arm, r.seed) for r in p.phase("confirmation")}
+    rows = []
+    for job in p.tests:
+        path = RunDir(p.study_dir / job.run_id).test_path
+        if path.exists():
+            df = pd.read_parquet(path, columns=["correct", "truncated"])
+            arm, seed = arms.get(job.run_id, ("initial", None))
+            rows.append({"task": job.task, "run_id": job.run_id, "arm": arm, "seed": seed, "problems": len(df),
+                         "accuracy": float(df["correct"].mean()), "truncated": float(df["truncated"].mean())})
+    return pd.DataFrame(rows)
