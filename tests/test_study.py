@@ -413,16 +413,3 @@ def test_parallel_workers_start_the_longest_runs_first(monkeypatch):
     study._execute_all(units, jobs=2, desc="t", progress=False)
     assert set(started[:2]) == {"long", "mid"} and started[2] == "short"  # the two workers take the longest
 
-
-def test_merge_streams_joins_consecutive_output_of_one_stream():
-    import nbformat
-
-    out = [nbformat.v4.new_output("stream", name="stdout", text="a\n"),
-           nbformat.v4.new_output("stream", name="stdout", text="b\n"),
-           nbformat.v4.new_output("stream", name="stderr", text="warn\n"),
-           nbformat.v4.new_output("stream", name="stdout", text="c\n"),
-           nbformat.v4.new_output("display_data", data={"text/plain": "x"}),
-           nbformat.v4.new_output("stream", name="stdout", text="d\n")]
-    merged = study.merge_streams(out)
-    assert [(o.get("name"), o.get("text")) for o in merged] == [
-        ("stdout", "a\nb\n"), ("stderr", "warn\n"), ("stdout", "c\n"), (None, None), ("stdout", "d\n")]

@@ -39,7 +39,7 @@ Modules, one job each (this package re-exports their names):
 
 from __future__ import annotations
 
-from .notebooks import ANALYSIS_NOTEBOOKS, merge_streams, refresh_committed_notebooks, run_analysis
+from .notebooks import ANALYSIS_NOTEBOOKS, refresh_committed_notebooks, run_analysis
 from .planning import (PHASE_ORDER, PLAN_OWNED, RANK_METRICS, STUDIES_DIR, TRAIN_PHASES, Plan, PlanError,
                        PlannedRun, SelectionRule, TerminalTest, default_study_dir, load_spec, plan, preset_path)
 from .presenting import format_plan_table, plan_to_json, run_progress
@@ -59,5 +59,5 @@ __all__ = [
     "EXECUTORS", "LOCAL_FIELDS", "TRAIN_NOTEBOOK", "JobResult", "StudyReport", "_execute_all", "_subprocess_env",
     "run_study", "terminal_test_results", "visible_gpus",
     # notebooks
-    "ANALYSIS_NOTEBOOKS", "merge_streams", "refresh_committed_notebooks", "run_analysis",
+    "ANALYSIS_NOTEBOOKS", "refresh_committed_notebooks", "run_analysis",
 ]

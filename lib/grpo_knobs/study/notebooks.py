@@ -49,9 +49,12 @@ def refresh_committed_notebooks(notebooks: Iterable[str] = ANALYSIS_NOTEBOOKS, p
 
     Their parameter defaults read ``results/h200-mini`` and write ``figures/``; no parameters
     are injected, and papermill's run metadata is dropped so a refresh diffs only in outputs.
+    Consecutive stream outputs are merged too: how a kernel splits printed text into
+    messages depends on flush timing.
     """
     import nbformat
     import papermill as pm
+    from nbconvert.preprocessors import CoalesceStreamsPreprocessor
     from tqdm.auto import tqdm
 
     written = []
@@ -63,25 +66,7 @@ def refresh_committed_notebooks(notebooks: Iterable[str] = ANALYSIS_NOTEBOOKS, p
         for cell in nb.cells:
             cell.metadata.pop("papermill", None)
             cell.metadata.pop("execution", None)
-            if cell.cell_type == "code":
-                cell.outputs = merge_streams(cell.outputs)
+        nb, _ = CoalesceStreamsPreprocessor().preprocess(nb, {})
         nbformat.write(nb, path)
         written.append(path)
     return written
-
-
-def merge_streams(outputs: list) -> list:
-    """Join consecutive stdout (or stderr) outputs into one, as a reader sees them.
-
-    How a kernel splits printed text into stream messages depends on flush timing, so
-    merged streams keep a refreshed notebook's diff down to real changes.
-    """
-    merged: list = []
-    for out in outputs:
-        prev = merged[-1] if merged else None
-        if (out.get("output_type") == "stream" and prev is not None and prev.get("output_type") == "stream"
-                and prev.get("name") == out.get("name")):
-            prev["text"] = prev["text"] + out["text"]
-        else:
-            merged.append(out)
-    return merged
