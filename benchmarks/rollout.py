@@ -120,7 +120,7 @@ STUDY_PATHS = {"fast": dict(fast=True, compact=False), "compact": dict(fast=True
 
 
 def study_rollouts(model, tokenizer, device, task: str, batches: list[int], group: int, max_new_tokens: int,
-                   gpu: str, model_name: str) -> list[dict]:
+                   gpu: str, model_name: str, out: Path | None = None) -> list[dict]:
     """Collections as a run generates them: train prompts of ``task`` x ``group`` samples at T = 1, stopping
     at EOS. Response lengths are then uneven (a few run to the cap), which is where dropping finished
     rows pays; the fixed-length table above cannot show it."""
@@ -151,6 +151,8 @@ def study_rollouts(model, tokenizer, device, task: str, batches: list[int], grou
         for name in list(engines)[1:]:
             row[f"{name}_over_fast"] = row["fast_seconds"] / row[f"{name}_seconds"]
         rows.append(row)
+        if out is not None:  # after every row: a run cut short by a time limit keeps what it measured
+            out.write_text(json.dumps(rows, indent=2) + "\n")
         print(f"{row['responses']:>9} {row['fast_response_length_mean']:>8.0f} {row['fast_response_length_max']:>7} "
               + " ".join(f"{row[n + '_tokens_per_s']:>13,.0f}" for n in engines)
               + " " + " ".join(f"{row[n + '_over_fast']:>12.2f}" for n in list(engines)[1:]))
@@ -237,9 +239,9 @@ def main(argv=None) -> list[dict]:
     out.write_text(json.dumps(rows, indent=2) + "\n")
     print(f"wrote {out}")
     if args.task:
-        study = study_rollouts(model, tokenizer, device, args.task, batches, args.group, args.new_tokens, gpu, info.name)
         study_out = out.with_name(f"{out.stem}-{args.task}.json")
-        study_out.write_text(json.dumps(study, indent=2) + "\n")
+        study_rollouts(model, tokenizer, device, args.task, batches, args.group, args.new_tokens, gpu, info.name,
+                       out=study_out)
         print(f"wrote {study_out}")
     return rows
 

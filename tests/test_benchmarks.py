@@ -49,3 +49,21 @@ def test_train_benchmark_cpu(tmp_path):
         assert r["tokens"] <= r["padded_tokens"]
         assert r["seconds_per_update"] > 0 and r["seconds_per_scoring"] > 0 and r["tokens_per_s"] > 0
         assert r["scoring_plus_update_over_update"] == (r["seconds_per_scoring"] + r["seconds_per_update"]) / r["seconds_per_update"]
+
+
+def test_decode_profile_cpu(tmp_path):
+    out = tmp_path / "decode-profile-cpu.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.decode_profile", "--model", "tiny-random", "--batch", "4",
+                           "--steps", "4", "--paths", "fast,fused", "--device", "cpu", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [r["path"] for r in rows] == ["fast", "fused"]
+    for r in rows:
+        assert r["gpu"] == "cpu" and r["batch"] == 4 and r["steps"] == 4 and r["graphed_wall_ms_per_step"] > 0
+        assert r["kernel_ms_per_step"] > 0
+        assert abs(sum(r["kernel_ms_per_step_by_kind"].values()) - r["kernel_ms_per_step"]) < 1e-9
+        assert "gemm" in r["kernel_ms_per_step_by_kind"]  # the projections run as aten matmuls on both paths
+        assert 0 < len(r["top_kernels_ms_per_step"]) <= 12

@@ -1,9 +1,19 @@
-"""The fused decode kernels against plain torch, in Triton's interpreter on CPU (tests/conftest.py)."""
+"""The fused decode kernels against plain torch: compiled on a GPU, in Triton's interpreter on CPU (tests/conftest.py)."""
 
 import pytest
 import torch
 
 from grpo_knobs.rollout import kernels as K
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def on_device():
+    """Compiled kernels take GPU tensors only, so every tensor of these tests is made on DEVICE."""
+    torch.set_default_device(DEVICE)
+    yield
+    torch.set_default_device(None)
 
 
 def rotate_half(x):
@@ -13,7 +23,7 @@ def rotate_half(x):
 
 @pytest.mark.parametrize("with_delta", [False, True])
 def test_add_rms_norm(with_delta):
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator(DEVICE).manual_seed(0)
     x, delta, w = torch.randn(3, 40, generator=g), torch.randn(3, 40, generator=g), torch.randn(40, generator=g)
     x0, out = x.clone(), torch.empty(3, 40)
     K.add_rms_norm(x, delta if with_delta else None, w, 1e-5, out)
@@ -23,7 +33,7 @@ def test_add_rms_norm(with_delta):
 
 
 def test_rotary_cache_write_touches_only_its_slot_and_rows():
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator(DEVICE).manual_seed(1)
     B, n_q, n_kv, D, C = 3, 4, 2, 16, 10
     qkv = torch.randn(B, (n_q + 2 * n_kv) * D, generator=g)
     cos, sin = torch.randn(B, D, generator=g), torch.randn(B, D, generator=g)
@@ -42,7 +52,7 @@ def test_rotary_cache_write_touches_only_its_slot_and_rows():
 
 @pytest.mark.parametrize("kv_len", [1, 33, 67])
 def test_decode_attention_matches_grouped_softmax(kv_len):
-    g = torch.Generator().manual_seed(2)
+    g = torch.Generator(DEVICE).manual_seed(2)
     B, n_q, n_kv, D, C = 3, 6, 2, 16, 70  # 3 query heads per KV head (padded to 4 in the kernel)
     kv = torch.randn(2, 5, n_kv, C, D, generator=g)
     valid = torch.rand(5, C, generator=g) > 0.3  # [rows, C]
@@ -58,7 +68,7 @@ def test_decode_attention_matches_grouped_softmax(kv_len):
 
 
 def test_silu_mul():
-    gate_up = torch.randn(3, 100, generator=torch.Generator().manual_seed(3))
+    gate_up = torch.randn(3, 100, generator=torch.Generator(DEVICE).manual_seed(3))
     out = torch.empty(3, 50)
     K.silu_mul(gate_up, out, block=32)  # two blocks per row, the second partly masked
     torch.testing.assert_close(out, torch.nn.functional.silu(gate_up[:, :50]) * gate_up[:, 50:])

@@ -69,26 +69,30 @@ def _rotary_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, slot_pt
     h = tl.program_id(1)
     slot = tl.load(slot_ptr)
     src = qkv_ptr + b * (n_q + 2 * n_kv) * D + h * D
+    # Triton needs a name bound in both branches of an `if` to have one type, so each branch
+    # has its own names: the rotated halves are [HALF] wide, the copied value head [D].
     if h < n_q + n_kv:  # query or key head: rotate (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)
-        i = tl.arange(0, HALF)
-        x1 = tl.load(src + i).to(tl.float32)
-        x2 = tl.load(src + HALF + i).to(tl.float32)
-        c1 = tl.load(cos_ptr + b * D + i).to(tl.float32)
-        c2 = tl.load(cos_ptr + b * D + HALF + i).to(tl.float32)
-        s1 = tl.load(sin_ptr + b * D + i).to(tl.float32)
-        s2 = tl.load(sin_ptr + b * D + HALF + i).to(tl.float32)
+        half = tl.arange(0, HALF)
+        x1 = tl.load(src + half).to(tl.float32)
+        x2 = tl.load(src + HALF + half).to(tl.float32)
+        c1 = tl.load(cos_ptr + b * D + half).to(tl.float32)
+        c2 = tl.load(cos_ptr + b * D + HALF + half).to(tl.float32)
+        s1 = tl.load(sin_ptr + b * D + half).to(tl.float32)
+        s2 = tl.load(sin_ptr + b * D + HALF + half).to(tl.float32)
         o1 = x1 * c1 - x2 * s1
         o2 = x2 * c2 + x1 * s2
         if h < n_q:
-            dst = q_ptr + (b * n_q + h) * D
+            q_dst = q_ptr + (b * n_q + h) * D
+            tl.store(q_dst + half, o1.to(q_ptr.dtype.element_ty))
+            tl.store(q_dst + HALF + half, o2.to(q_ptr.dtype.element_ty))
         else:
-            dst = k_ptr + b * stride_row + (h - n_q) * stride_head + slot * stride_slot
-        tl.store(dst + i, o1.to(dst.dtype.element_ty))
-        tl.store(dst + HALF + i, o2.to(dst.dtype.element_ty))
+            k_dst = k_ptr + b * stride_row + (h - n_q) * stride_head + slot * stride_slot
+            tl.store(k_dst + half, o1.to(k_ptr.dtype.element_ty))
+            tl.store(k_dst + HALF + half, o2.to(k_ptr.dtype.element_ty))
     else:  # value head: copied into the cache unchanged
-        i = tl.arange(0, D)
-        dst = v_ptr + b * stride_row + (h - n_q - n_kv) * stride_head + slot * stride_slot
-        tl.store(dst + i, tl.load(src + i).to(dst.dtype.element_ty))
+        full = tl.arange(0, D)
+        v_dst = v_ptr + b * stride_row + (h - n_q - n_kv) * stride_head + slot * stride_slot
+        tl.store(v_dst + full, tl.load(src + full).to(v_ptr.dtype.element_ty))
 
 
 def rotary_cache_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_out: torch.Tensor,
@@ -110,13 +114,17 @@ def rotary_cache_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, 
 @triton.jit
 def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, valid_ptr, o_ptr, scale,
                              stride_row, stride_head, stride_slot, stride_valid, n_q, KV_LEN: tl.constexpr,
-                             G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_K: tl.constexpr):
+                             G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_K: tl.constexpr,
+                             PRECISION: tl.constexpr):
     b = tl.program_id(0)
     j = tl.program_id(1)  # KV head; it serves query heads j*G .. j*G + G - 1
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D)
+    # The G query heads of one KV head form the rows of a [G_PAD, D] tile, padded to the 16 rows a
+    # tensor-core product needs, so both products below are tl.dot: MMA instructions with their
+    # accumulators in registers, rather than broadcast [G, K, D] products that spill.
     q = tl.load(q_ptr + (b * n_q + j * G + g[:, None]) * D + d[None, :],
-                mask=(g < G)[:, None], other=0.0).to(tl.float32)  # [G_PAD, D]
+                mask=(g < G)[:, None], other=0.0)  # [G_PAD, D], storage dtype
     m_i = tl.full([G_PAD], -1.0e30, tl.float32)  # running max (finite: a fully masked block stays harmless)
     l_i = tl.zeros([G_PAD], tl.float32)  # running softmax denominator
     acc = tl.zeros([G_PAD, D], tl.float32)
@@ -126,14 +134,14 @@ def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, valid_ptr, o_ptr, scale,
         ks = start + tl.arange(0, BLOCK_K)
         in_range = ks < KV_LEN
         ok = (tl.load(valid_ptr + b * stride_valid + ks, mask=in_range, other=0) != 0) & in_range  # [BLOCK_K]
-        k = tl.load(k_base + ks[:, None] * stride_slot + d[None, :], mask=in_range[:, None], other=0.0)
-        s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2) * scale  # [G_PAD, BLOCK_K]
+        k = tl.load(k_base + ks[:, None] * stride_slot + d[None, :], mask=in_range[:, None], other=0.0)  # [BLOCK_K, D]
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [G_PAD, BLOCK_K] float32
         s = tl.where(ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])  # [G_PAD, BLOCK_K]
-        v = tl.load(v_base + ks[:, None] * stride_slot + d[None, :], mask=in_range[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+        v = tl.load(v_base + ks[:, None] * stride_slot + d[None, :], mask=in_range[:, None], other=0.0)  # [BLOCK_K, D]
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # [G_PAD, D]
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
     out = acc / l_i[:, None]
@@ -142,11 +150,13 @@ def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, valid_ptr, o_ptr, scale,
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, valid: torch.Tensor,
-                     kv_len: int, scale: float, out: torch.Tensor, block_k: int = 32) -> torch.Tensor:
+                     kv_len: int, scale: float, out: torch.Tensor, block_k: int = 64) -> torch.Tensor:
     """Grouped-query attention of one decode token over cache slots < kv_len whose ``valid`` is set.
 
     q: [B, Hq, D]; k_cache, v_cache: [rows >= B, Hkv, C, D]; valid: [rows, C] bool;
     out: [B, Hq * D] (heads concatenated, as o_proj expects). The token's own slot must be valid.
+    Probabilities are rounded to the cache dtype before the value product, as flash attention does;
+    float32 inputs multiply in full precision (no TF32), so the CPU and GPU tests compare exactly.
     """
     B, n_q, D = q.shape
     n_kv = k_cache.shape[1]
@@ -156,7 +166,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     # captured in its own graph, so each compiles once.
     _decode_attention_kernel[(B, n_kv)](q, k_cache, v_cache, valid, out, scale,
                                         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), valid.stride(0),
-                                        n_q, KV_LEN=kv_len, G=G, G_PAD=max(triton.next_power_of_2(G), 2), D=D, BLOCK_K=block_k)
+                                        n_q, KV_LEN=kv_len, G=G, G_PAD=max(triton.next_power_of_2(G), 16), D=D, BLOCK_K=block_k,
+                                        PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     return out
 
 

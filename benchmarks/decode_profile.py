@@ -1,0 +1,109 @@
+"""Where a decode step's GPU time goes: kernel time per step of the static decoder, by kernel and by kind.
+
+The rollout benchmark gives wall time per decode step; this one runs the same decoder without CUDA
+graphs under torch.profiler and sums the GPU time of each kernel, so the two side by side say how much
+of a step is kernel work (and which kernels) and how much is launch overhead that graphs remove.
+
+    python -m benchmarks.decode_profile --batch 512 --paths fast,fused --out benchmarks/results/decode-profile-h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from benchmarks.rollout import QUESTIONS, gpu_slug, timed_generate
+from grpo_knobs.models import load_model
+from grpo_knobs.rollout.hf import HFEngine
+
+PATHS = {"fast": True, "fused": "fused"}
+KINDS = [  # first match wins; kernel names are lower-cased
+    ("fused (Triton)", ("_add_rms_norm_kernel", "_rotary_cache_kernel", "_decode_attention_kernel", "_silu_mul_kernel")),
+    ("gemm", ("gemm", "cutlass", "nvjet", "sm90_", "cublas", "gemv", "aten::mm", "aten::addmm", "aten::bmm")),
+    ("sampling", ("exponential", "argmax", "logsumexp", "reduce", "gather", "log_kernel", "clamp")),
+    ("softmax", ("softmax",)),
+    ("copy/index", ("copy", "index", "cat", "fill")),
+]
+
+
+def kind_of(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, keys in KINDS if any(k in low for k in keys)), "elementwise/other")
+
+
+def kernel_times(engine: HFEngine, prompts, steps: int) -> dict[str, float]:
+    """Microseconds per kernel name over one generate() of `steps` tokens, graphs off: GPU kernel time
+    on CUDA; on CPU, where there are no kernels, the self time of each aten operator."""
+    engine.decoder.use_graphs = False
+    kw = dict(n=1, max_new_tokens=steps, temperature=1.0, seed=0, ignore_eos=True)
+    engine.generate(prompts, **kw)  # warm-up: allocation, cuBLAS handles, Triton compilation
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof:
+        engine.generate(prompts, **kw)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    cuda = torch.cuda.is_available()
+    times = defaultdict(float)
+    for e in prof.key_averages():
+        if cuda and str(e.device_type).endswith("CUDA"):
+            times[e.key] += e.self_device_time_total
+        elif not cuda and e.key.startswith("aten::"):
+            times[e.key] += e.self_cpu_time_total
+    return {k: v for k, v in times.items() if v > 0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=64, help="decode steps profiled (prefill included once)")
+    ap.add_argument("--paths", default="fast,fused")
+    ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+
+    device = torch.device(args.device)
+    model, tokenizer, _ = load_model(args.model, device=device)
+    ids = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                         tokenize=True, return_dict=True)["input_ids"] for q in QUESTIONS]
+    prompts = [ids[i % len(ids)] for i in range(args.batch)]
+    rows = []
+    for path in args.paths.split(","):
+        graphed = HFEngine(model, tokenizer, device=device, max_batch_size=args.batch, fast=PATHS[path])
+        kw = dict(n=1, max_new_tokens=args.steps, temperature=1.0, seed=0, ignore_eos=True)
+        timed_generate(graphed, prompts, device, **kw)  # capture
+        wall, _ = timed_generate(graphed, prompts, device, **kw)
+        del graphed
+        engine = HFEngine(model, tokenizer, device=device, max_batch_size=args.batch, fast=PATHS[path])
+        times = kernel_times(engine, prompts, args.steps)
+        del engine
+        per_step = {k: v / 1e3 / args.steps for k, v in times.items()}  # ms per decode step
+        by_kind = defaultdict(float)
+        for k, v in per_step.items():
+            by_kind[kind_of(k)] += v
+        top = sorted(per_step.items(), key=lambda kv: -kv[1])[:args.top]
+        row = {"gpu": gpu_slug(device), "model": args.model, "path": path, "batch": args.batch, "steps": args.steps,
+               "graphed_wall_ms_per_step": 1e3 * wall / args.steps, "kernel_ms_per_step": sum(per_step.values()),
+               "kernel_ms_per_step_by_kind": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
+               "top_kernels_ms_per_step": dict(top)}
+        rows.append(row)
+        print(f"\n{path}: batch {args.batch}, {args.steps} steps; graphed wall {row['graphed_wall_ms_per_step']:.2f} ms/step, "
+              f"GPU kernel time {row['kernel_ms_per_step']:.2f} ms/step")
+        for kind, ms in row["kernel_ms_per_step_by_kind"].items():
+            print(f"  {kind:<18} {ms:8.3f} ms")
+        for name, ms in top:
+            print(f"    {ms:8.3f} ms  {name[:110]}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
