@@ -23,7 +23,8 @@ from grpo_knobs.rollout.hf import HFEngine
 
 PATHS = {"fast": True, "fused": "fused"}
 KINDS = [  # first match wins; kernel names are lower-cased
-    ("fused (Triton)", ("_add_rms_norm_kernel", "_rotary_cache_kernel", "_decode_attention_kernel", "_silu_mul_kernel")),
+    ("fused (Triton)", ("_add_rms_norm_kernel", "_rotary_cache_kernel", "_decode_attention_kernel",
+                        "_silu_mul_kernel", "_sample_kernel")),
     ("gemm", ("gemm", "cutlass", "nvjet", "sm90_", "cublas", "gemv", "aten::mm", "aten::addmm", "aten::bmm")),
     ("sampling", ("exponential", "argmax", "logsumexp", "reduce", "gather", "log_kernel", "clamp")),
     ("softmax", ("softmax",)),

@@ -72,3 +72,35 @@ def test_silu_mul():
     out = torch.empty(3, 50)
     K.silu_mul(gate_up, out, block=32)  # two blocks per row, the second partly masked
     torch.testing.assert_close(out, torch.nn.functional.silu(gate_up[:, :50]) * gate_up[:, 50:])
+
+
+def test_sample_greedy_is_argmax_with_log_softmax():
+    logits = torch.randn(5, 300, generator=torch.Generator(DEVICE).manual_seed(4))
+    tok, lp = torch.empty(5, dtype=torch.long), torch.empty(5)
+    one, zero = torch.ones(1), torch.zeros(1, dtype=torch.long)
+    K.sample(logits, one, zero, zero, True, tok, lp, block=128)  # three blocks, the last one partial
+    assert torch.equal(tok, logits.argmax(-1))
+    torch.testing.assert_close(lp, logits.log_softmax(-1).gather(-1, tok[:, None])[:, 0])
+
+
+def test_sample_draws_from_softmax_at_temperature():
+    """Many rows of one distribution: token frequencies match softmax(z / T) within 4 standard errors,
+    each draw reports its own log-prob, and the noise is fixed by (seed, step) and changes with either."""
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -4.0])
+    temperature = 0.7
+    inv_t = torch.tensor([1 / temperature])
+
+    def draw(seed, step, rows):
+        tok, lp = torch.empty(rows, dtype=torch.long), torch.empty(rows)
+        K.sample(logits.expand(rows, -1), inv_t, torch.tensor([seed]), torch.tensor([step]), False, tok, lp, block=8)
+        return tok, lp
+
+    rows = 600  # the interpreter runs each row's program in Python (~15 ms); 4 SE still tells T = 0.7 from T = 1
+    tok, lp = draw(123, 0, rows)
+    probs = torch.softmax(logits / temperature, -1)
+    freq = torch.bincount(tok, minlength=6).double() / rows
+    assert (freq.cpu() - probs.cpu().double()).abs().max() < 4 * (probs * (1 - probs) / rows).sqrt().max().item()
+    torch.testing.assert_close(lp, probs.log()[tok])
+    few = draw(123, 0, 64)[0]
+    assert torch.equal(draw(123, 0, 64)[0], few) and torch.equal(few, tok[:64])  # row r's noise is its own
+    assert not torch.equal(draw(123, 1, 64)[0], few) and not torch.equal(draw(124, 0, 64)[0], few)

@@ -16,9 +16,9 @@ import pytest
 
 pytest.importorskip("triton")
 
-# head_dim D, query heads Hq, KV heads Hkv, hidden H, MLP width I (config.json of each model)
-MODELS = {"smollm2-135m": dict(D=64, n_q=9, n_kv=3, H=576, I=1536),
-          "qwen2.5-1.5b": dict(D=128, n_q=12, n_kv=2, H=1536, I=8960)}
+# head_dim D, query heads Hq, KV heads Hkv, hidden H, MLP width I, vocabulary V (config.json of each model)
+MODELS = {"smollm2-135m": dict(D=64, n_q=9, n_kv=3, H=576, I=1536, V=49152),
+          "qwen2.5-1.5b": dict(D=128, n_q=12, n_kv=2, H=1536, I=8960, V=151936)}
 
 SCRIPT = textwrap.dedent("""
     import json, sys
@@ -44,6 +44,9 @@ SCRIPT = textwrap.dedent("""
                              [dict(KV_LEN=kv, G=G, G_PAD=max(triton.next_power_of_2(G), 16), D=D, BLOCK_K=64,
                                    PRECISION="tf32") for kv in (64, 320)]),
         "silu_mul": (K._silu_mul_kernel, dict(gu_ptr=p, out_ptr=p, n=i32), [dict(BLOCK=1024)]),
+        "sample": (K._sample_kernel, dict(logits_ptr=p, inv_temp_ptr="*fp32", seed_ptr="*i64", step_ptr="*i64",
+                                          tok_ptr="*i64", lp_ptr="*fp32", stride_row=i32),
+                   [dict(V=m["V"], GREEDY=g, BLOCK=4096) for g in (False, True)]),
     }
     target = GPUTarget("cuda", 90, 32)
     for name, (fn, sig, variants) in cases.items():
@@ -64,4 +67,4 @@ def test_fused_kernels_compile_for_sm90(model):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["add_rms_norm", "ok", "rotary_cache_write", "ok", "decode_attention", "ok",
-                                   "silu_mul", "ok"]
+                                   "silu_mul", "ok", "sample", "ok"]

@@ -94,7 +94,7 @@ def test_eos_included_and_nothing_after(tiny, prompts, fast):
     assert gen.token_ids[0][-1] == eos and not gen.texts[0].endswith(tokenizer.eos_token)
 
 
-@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("fast", [False, True, "fused"])
 def test_seeded_determinism(tiny, prompts, fast):
     model, tokenizer = tiny
     engine = HFEngine(model, tokenizer, fast=fast)
@@ -157,15 +157,14 @@ def test_fast_matches_eager(tiny, prompts, fast):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("fast", [True, "fused"])
-def test_fast_samples_match_eager_on_cpu(tiny, prompts, fast):
+def test_fast_samples_match_eager_on_cpu(tiny, prompts):
     """On CPU torch.multinomial draws one sample as an exponential race too, from the same seeded stream,
     so the two paths sample identical tokens (a torch implementation detail: if this breaks alone, the
-    distribution tests below still hold)."""
+    distribution tests below still hold). The fused path draws Philox noise in its kernel instead."""
     model, tokenizer = tiny
     kw = dict(n=2, max_new_tokens=12, temperature=0.8, seed=11)
     eager = HFEngine(model, tokenizer, fast=False).generate(prompts, **kw)
-    fast = HFEngine(model, tokenizer, fast=fast, compact=False).generate(prompts, **kw)
+    fast = HFEngine(model, tokenizer, fast=True, compact=False).generate(prompts, **kw)
     assert fast.token_ids == eager.token_ids
 
 
@@ -209,7 +208,7 @@ def test_dropping_finished_rows_samples_from_the_model(tiny, staggered):
         torch.testing.assert_close(torch.tensor(lps), expected, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("fast", [False, True, "fused"])
 def test_sampled_logprobs_match_the_model(tiny, prompts, fast):
     """Each sampled token's engine log-prob equals the teacher-forced one at T: the right distribution,
     at the right positions, for both paths."""

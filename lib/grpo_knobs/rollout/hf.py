@@ -108,6 +108,7 @@ class StaticDecoder:
         self.slot = torch.zeros(1, dtype=torch.long, device=dev)  # cache slot the next step writes
         self.step = torch.zeros(1, dtype=torch.long, device=dev)  # output column the next token goes to
         self.inv_temp = torch.ones(1, dtype=torch.float32, device=dev)
+        self.noise_seed = torch.zeros(1, dtype=torch.long, device=dev)  # Philox key of the fused sampler
         self.rows, self.cap = rows, cap
 
     def _forward(self, ids, pos, slots, kv_len: int, r0: int, r1: int):
@@ -155,7 +156,13 @@ class StaticDecoder:
     def _emit(self, hidden, B: int, greedy: bool):
         """Sample from the last hidden state and record the token; rows already stopped emit pad."""
         logits = self.model.lm_head(hidden)  # [B, V]
-        tok, lp = sample_tokens(logits, self.inv_temp, greedy)  # [B], [B]
+        if self.fused is not None:  # one pass over the logits instead of several float32 copies
+            from .kernels import sample
+
+            tok, lp = sample(logits, self.inv_temp, self.noise_seed, self.step, greedy,
+                             logits.new_empty(B, dtype=torch.long), logits.new_empty(B, dtype=torch.float32))
+        else:
+            tok, lp = sample_tokens(logits, self.inv_temp, greedy)  # [B], [B]
         done = self.done[:B]
         tok = tok.masked_fill(done, self.pad_id)
         lp = lp.masked_fill(done, 0.0)
@@ -252,6 +259,8 @@ class StaticDecoder:
         else:
             self.stop.copy_(torch.tensor(self.stop_list))
         torch.manual_seed(seed)  # after capture: warm-ups drew random numbers
+        if self.fused is not None:  # the fused sampler's noise, fixed by seed (other paths use torch's stream)
+            self.noise_seed.fill_(int(torch.randint(0, 2**62, (1,))))
 
         # prefill: the whole prompt, in row chunks to bound the [rows, heads, P, P] attention scores
         self._reset(B)
@@ -418,9 +427,10 @@ class HFEngine(RolloutEngine):
     """Generation from a private copy of a transformers causal LM (bf16 on CUDA, float32 on CPU).
 
     fast: True uses the StaticDecoder (CUDA graphs on CUDA, the same loop run eagerly on CPU so tests can
-    compare it with generate); "fused" also replaces each decode layer's small kernels with the Triton
-    kernels of kernels.py (interpreted on CPU); False uses `model.generate`; "auto" is True on CUDA
-    when supported.
+    compare it with generate); "fused" also replaces each decode layer's small kernels and the sampler
+    with the Triton kernels of kernels.py (interpreted on CPU; its sampler draws the same distribution
+    from Philox noise, so seeded samples differ from the other paths); False uses `model.generate`;
+    "auto" is True on CUDA when supported.
     compact: drop finished rows from the decode batch (fast paths only; default: on for "fused").
     Responses are sampled from the same distributions, but rows draw different noise than without
     it, so seeded samples differ from the uncompacted paths.

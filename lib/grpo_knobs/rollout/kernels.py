@@ -7,6 +7,8 @@ attention and activation chains with five launches around four GEMMs:
     add_rms_norm -> qkv GEMM -> rotary_cache_write -> decode_attention -> o GEMM
     -> add_rms_norm -> gate_up GEMM -> silu_mul -> down GEMM
 
+and after the last layer, the lm_head GEMM -> sample (one pass over the logits).
+
 Every kernel reads its scalars (cache slot) from device memory, so one CUDA graph replays it.
 Arithmetic is float32 inside a kernel; values are rounded to the storage dtype where the
 transformers modules round them (the residual stream, the normalised hidden state, the
@@ -187,3 +189,57 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor, block: int = 1024) -> tor
     B, n = out.shape
     _silu_mul_kernel[(B, triton.cdiv(n, block))](gate_up, out, n, BLOCK=block)
     return out
+
+
+@triton.jit
+def _sample_kernel(logits_ptr, inv_temp_ptr, seed_ptr, step_ptr, tok_ptr, lp_ptr, stride_row,
+                   V: tl.constexpr, GREEDY: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    inv_t = tl.load(inv_temp_ptr)
+    seed = tl.load(seed_ptr) + tl.load(step_ptr)  # a fresh Philox key per step, read from device memory
+    m = -float("inf")  # running max of z
+    total = 0.0  # running sum of exp(z - m)
+    best_key = -float("inf")
+    best_idx = 0
+    best_z = 0.0
+    for start in range(0, V, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        z = tl.load(logits_ptr + row * stride_row + cols, mask=cols < V, other=-float("inf")).to(tl.float32) * inv_t
+        m_new = tl.maximum(m, tl.max(z, axis=0))
+        total = total * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new), axis=0)
+        m = m_new
+        if GREEDY:
+            key = z
+        else:
+            # Gumbel-max: argmax(z - log E), E = -log U ~ Exp(1), is an exact draw from softmax(z).
+            # U = 0 gives E = inf and a key of -inf: that token is not drawn, at probability 2^-32.
+            key = z - tl.log(-tl.log(tl.rand(seed, row * V + cols)))
+        i = tl.argmax(key, axis=0)
+        k = tl.max(key, axis=0)
+        better = k > best_key
+        best_z = tl.where(better, tl.sum(tl.where(cols == start + i, z, 0.0), axis=0), best_z)
+        best_idx = tl.where(better, start + i, best_idx)
+        best_key = tl.where(better, k, best_key)
+    tl.store(tok_ptr + row, best_idx.to(tl.int64))
+    tl.store(lp_ptr + row, best_z - m - tl.log(total))
+
+
+def sample(logits: torch.Tensor, inv_temperature: torch.Tensor, seed: torch.Tensor, step: torch.Tensor,
+           greedy: bool, tokens: torch.Tensor, logprobs: torch.Tensor, block: int | None = None):
+    """One token per row from softmax(logits * inv_temperature), and its log-prob, in one pass over the logits.
+
+    logits: [B, V] (any float dtype; read once, math in float32); inv_temperature, seed, step: [1] on the
+    device (read by the kernel, so a captured graph replays with new values); tokens: [B] long,
+    logprobs: [B] float32 outputs. The draw is Gumbel-max with Philox noise keyed by seed + step: the same
+    distribution as ``hf.sample_tokens``, from a different random stream. Greedy takes argmax(z) and
+    reports log-probs at the given temperature (the decoder sets it to 1).
+    """
+    B, V = logits.shape
+    assert logits.stride(-1) == 1
+    if block is None:  # the interpreter's cost is per operation, not per element: one block per row there
+        block = triton.next_power_of_2(V) if os.environ.get("TRITON_INTERPRET") == "1" else 4096
+    # V is a compile-time constant (one vocabulary per model): Triton's interpreter, which the CPU
+    # tests use, cannot loop to a runtime bound.
+    _sample_kernel[(B,)](logits, inv_temperature, seed, step, tokens, logprobs, logits.stride(0),
+                         V=V, GREEDY=greedy, BLOCK=min(block, triton.next_power_of_2(V)))
+    return tokens, logprobs
