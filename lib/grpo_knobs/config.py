@@ -45,7 +45,9 @@ class RunConfig:
     reuse_on_policy_logprobs: bool = field(default=False, metadata={
         "help": "With one update per collection (S=1) the old policy is the current one: take the old log-probs "
                 "from the update's own forward pass, detached, instead of a separate scoring pass. Same loss "
-                "and gradients, one forward pass fewer; no effect when S > 1."})
+                "and gradients, one forward pass fewer; no effect when S > 1. Off by default: the study's "
+                "trainer time includes old-policy scoring in every arm, and saving it only where S=1 would "
+                "tilt the job-time comparison between knob shapes."})
     # --- budget and evaluation
     seed: int = field(default=1, metadata={"help": "Fixes data draws, sampling and initialisation of a run."})
     response_budget: int = field(default=1024, metadata={"help": "Training responses in the run (whole collections)."})
