@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.rollout import QUESTIONS, gpu_slug, timed_generate
+from benchmarks.rollout import fixed_length, gpu_slug, question_prompts, timed_generate
 from grpo_knobs.models import load_model
 from grpo_knobs.rollout.hf import HFEngine
 
@@ -41,14 +41,10 @@ def kernel_times(engine: HFEngine, prompts, steps: int) -> dict[str, float]:
     """Microseconds per kernel name over one generate() of `steps` tokens, graphs off: GPU kernel time
     on CUDA; on CPU, where there are no kernels, the self time of each aten operator."""
     engine.decoder.use_graphs = False
-    kw = dict(n=1, max_new_tokens=steps, temperature=1.0, seed=0, ignore_eos=True)
-    engine.generate(prompts, **kw)  # warm-up: allocation, cuBLAS handles, Triton compilation
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=acts) as prof:
-        engine.generate(prompts, **kw)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-    cuda = torch.cuda.is_available()
+    engine.generate(prompts, **fixed_length(steps))  # warm-up: allocation, cuBLAS handles, Triton compilation
+    cuda = engine.device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        timed_generate(engine, prompts, engine.device, **fixed_length(steps))  # synchronizes on CUDA
     times = defaultdict(float)
     for e in prof.key_averages():
         if cuda and str(e.device_type).endswith("CUDA"):
@@ -71,15 +67,13 @@ def main() -> None:
 
     device = torch.device(args.device)
     model, tokenizer, _ = load_model(args.model, device=device)
-    ids = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                         tokenize=True, return_dict=True)["input_ids"] for q in QUESTIONS]
+    ids = question_prompts(tokenizer)
     prompts = [ids[i % len(ids)] for i in range(args.batch)]
     rows = []
     for path in args.paths.split(","):
         graphed = HFEngine(model, tokenizer, device=device, max_batch_size=args.batch, fast=PATHS[path])
-        kw = dict(n=1, max_new_tokens=args.steps, temperature=1.0, seed=0, ignore_eos=True)
-        timed_generate(graphed, prompts, device, **kw)  # capture
-        wall, _ = timed_generate(graphed, prompts, device, **kw)
+        timed_generate(graphed, prompts, device, **fixed_length(args.steps))  # capture
+        wall, _ = timed_generate(graphed, prompts, device, **fixed_length(args.steps))
         del graphed
         engine = HFEngine(model, tokenizer, device=device, max_batch_size=args.batch, fast=PATHS[path])
         times = kernel_times(engine, prompts, args.steps)

@@ -38,6 +38,12 @@ QUESTIONS = [
 ]
 
 
+def question_prompts(tokenizer) -> list[list[int]]:
+    """Token ids of QUESTIONS as chat prompts, the benchmarks' fixed-length inputs."""
+    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                          tokenize=True, return_dict=True)["input_ids"] for q in QUESTIONS]
+
+
 def gpu_slug(device: torch.device) -> str:
     if device.type != "cuda":
         return "cpu"
@@ -180,8 +186,7 @@ def main(argv=None) -> list[dict]:
     device = torch.device(args.device)
     batches = [int(b) for b in args.batches.split(",")]
     model, tokenizer, info = load_model(args.model, device=device)
-    prompt_ids = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                                tokenize=True, return_dict=True)["input_ids"] for q in QUESTIONS]
+    prompt_ids = question_prompts(tokenizer)
     prompt_tokens = sum(len(p) for p in prompt_ids) / len(prompt_ids)
     bw, bw_source = bandwidth(device, args.bandwidth)
     kv_bytes = 2 if device.type == "cuda" else 4  # the engines run bf16 on CUDA, float32 on CPU
