@@ -37,21 +37,24 @@ def kind_of(name: str) -> str:
     return next((kind for kind, keys in KINDS if any(k in low for k in keys)), "elementwise/other")
 
 
-def kernel_times(engine: HFEngine, prompts, steps: int) -> dict[str, float]:
+def kernel_times(engine: HFEngine, prompts, steps: int) -> tuple[dict[str, float], int]:
     """Microseconds per kernel name over one generate() of `steps` tokens, graphs off: GPU kernel time
-    on CUDA; on CPU, where there are no kernels, the self time of each aten operator."""
+    on CUDA; on CPU, where there are no kernels, the self time of each aten operator. Also returns
+    how many kernels (operators on CPU) ran."""
     engine.decoder.use_graphs = False
     engine.generate(prompts, **fixed_length(steps))  # warm-up: allocation, cuBLAS handles, Triton compilation
     cuda = engine.device.type == "cuda"
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         timed_generate(engine, prompts, engine.device, **fixed_length(steps))  # synchronizes on CUDA
-    times = defaultdict(float)
+    times, launches = defaultdict(float), 0
     for e in prof.key_averages():
         if cuda and str(e.device_type).endswith("CUDA"):
             times[e.key] += e.self_device_time_total
+            launches += e.count
         elif not cuda and e.key.startswith("aten::"):
             times[e.key] += e.self_cpu_time_total
-    return {k: v for k, v in times.items() if v > 0}
+            launches += e.count
+    return {k: v for k, v in times.items() if v > 0}, launches
 
 
 def main() -> None:
@@ -76,7 +79,7 @@ def main() -> None:
         wall, _ = timed_generate(graphed, prompts, device, **fixed_length(args.steps))
         del graphed
         engine = HFEngine(model, tokenizer, device=device, max_batch_size=args.batch, fast=PATHS[path])
-        times = kernel_times(engine, prompts, args.steps)
+        times, launches = kernel_times(engine, prompts, args.steps)
         del engine
         per_step = {k: v / 1e3 / args.steps for k, v in times.items()}  # ms per decode step
         by_kind = defaultdict(float)
@@ -85,11 +88,12 @@ def main() -> None:
         top = sorted(per_step.items(), key=lambda kv: -kv[1])[:args.top]
         row = {"gpu": gpu_slug(device), "model": args.model, "path": path, "batch": args.batch, "steps": args.steps,
                "graphed_wall_ms_per_step": 1e3 * wall / args.steps, "kernel_ms_per_step": sum(per_step.values()),
+               "kernels_per_step": launches / args.steps,
                "kernel_ms_per_step_by_kind": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
                "top_kernels_ms_per_step": dict(top)}
         rows.append(row)
         print(f"\n{path}: batch {args.batch}, {args.steps} steps; graphed wall {row['graphed_wall_ms_per_step']:.2f} ms/step, "
-              f"GPU kernel time {row['kernel_ms_per_step']:.2f} ms/step")
+              f"GPU kernel time {row['kernel_ms_per_step']:.2f} ms/step in {row['kernels_per_step']:.0f} kernels")
         for kind, ms in row["kernel_ms_per_step_by_kind"].items():
             print(f"  {kind:<18} {ms:8.3f} ms")
         for name, ms in top:

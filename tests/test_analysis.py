@@ -620,6 +620,11 @@ def test_select_benchmark_matches_model_and_gpu():
     assert an.throughput_column_for(pd.DataFrame({"model": ["m"]})) == "fast_tokens_per_s"
     assert an.throughput_column_for(pd.DataFrame({"fast_rollout": ["fused", "fused"]})) == "fused_tokens_per_s"
     assert an.throughput_column_for(pd.DataFrame({"fast_rollout": ["fused", "on"]})) == "fast_tokens_per_s"
+    # the recorded decode path decides where it exists: auto became fused on GPU
+    both = pd.DataFrame({"fast_rollout": ["auto", "auto"], "rollout_path": ["fused", "fused"]})
+    assert an.throughput_column_for(both) == "fused_tokens_per_s"
+    assert an.throughput_column_for(both.assign(rollout_path=["eager", "eager"])) == "eager_tokens_per_s"
+    assert an.throughput_column_for(both.assign(rollout_path=["fused", None])) == "fast_tokens_per_s"  # old + new
 
 
 def test_figure_helpers_on_sparse_data(study):

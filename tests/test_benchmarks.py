@@ -67,3 +67,24 @@ def test_decode_profile_cpu(tmp_path):
         assert abs(sum(r["kernel_ms_per_step_by_kind"].values()) - r["kernel_ms_per_step"]) < 1e-9
         assert "gemm" in r["kernel_ms_per_step_by_kind"]  # the projections run as aten matmuls on both paths
         assert 0 < len(r["top_kernels_ms_per_step"]) <= 12
+
+
+def test_decode_kernels_cpu(tmp_path):
+    out = tmp_path / "decode-kernels-cpu.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.decode_kernels", "--model", "tiny-random", "--batch", "2",
+                           "--kv-lens", "16,32", "--sweep", "16,32:1:2", "--reps", "1", "--device", "cpu",
+                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    kernels = [r["kernel"] for r in rows]
+    assert kernels[:5] == ["add_rms_norm", "rotary_cache_write", "silu_mul", "sample (T > 0)", "sample (greedy)"]
+    assert sum(k.startswith("gemm ") for k in kernels) == 5
+    attention = [r for r in rows if r["kernel"].startswith("decode_attention")]
+    assert [r["kv_len"] for r in attention] == [16, 32]
+    assert [len(r["sweep"]) for r in attention] == [1, 2]  # a 32-slot block does not fit a 16-slot cache
+    for r in rows:
+        assert r["gpu"] == "cpu" and r["batch"] == 2 and r["us_per_launch"] > 0
+        assert ("tflops" in r) == r["kernel"].startswith("gemm ")
+        assert ("fraction_of_floor" in r) != r["kernel"].startswith("gemm ")

@@ -36,10 +36,12 @@ def test_rotary_cache_write_touches_only_its_slot_and_rows():
     g = torch.Generator(DEVICE).manual_seed(1)
     B, n_q, n_kv, D, C = 3, 4, 2, 16, 10
     qkv = torch.randn(B, (n_q + 2 * n_kv) * D, generator=g)
-    cos, sin = torch.randn(B, D, generator=g), torch.randn(B, D, generator=g)
+    cos_table, sin_table = torch.randn(C, D, generator=g), torch.randn(C, D, generator=g)  # [positions, D]
+    pos = torch.tensor([4, 0, 9, 2])  # [rows]: each row's own position (the 4th row is not decoded)
+    cos, sin = cos_table[pos[:B]], sin_table[pos[:B]]  # [B, D]
     kv = torch.zeros(2, 5, n_kv, C, D)  # [k|v, rows, Hkv, C, D]: 5 rows, 3 in use
     q_out = torch.empty(B, n_q, D)
-    K.rotary_cache_write(qkv, cos, sin, q_out, kv[0], kv[1], torch.tensor([7]))
+    K.rotary_cache_write(qkv, cos_table, sin_table, pos, q_out, kv[0], kv[1], torch.tensor([7]))
     q, k, v = qkv.split([n_q * D, n_kv * D, n_kv * D], -1)
     q, k, v = q.view(B, n_q, D), k.view(B, n_kv, D), v.view(B, n_kv, D)
     torch.testing.assert_close(q_out, q * cos[:, None] + rotate_half(q) * sin[:, None])
@@ -76,10 +78,14 @@ def test_silu_mul():
 
 def test_sample_greedy_is_argmax_with_log_softmax():
     logits = torch.randn(5, 300, generator=torch.Generator(DEVICE).manual_seed(4))
+    # exact ties go to the lowest column, as torch.argmax: across blocks (row 0) and across the
+    # lanes of one block (row 1: column 33 sits in an earlier lane than column 3)
+    logits[0, [40, 200]] = 10.0
+    logits[1, [3, 33]] = 10.0
     tok, lp = torch.empty(5, dtype=torch.long), torch.empty(5)
     one, zero = torch.ones(1), torch.zeros(1, dtype=torch.long)
     K.sample(logits, one, zero, zero, True, tok, lp, block=128)  # three blocks, the last one partial
-    assert torch.equal(tok, logits.argmax(-1))
+    assert torch.equal(tok, logits.argmax(-1)) and tok[:2].tolist() == [40, 3]
     torch.testing.assert_close(lp, logits.log_softmax(-1).gather(-1, tok[:, None])[:, 0])
 
 

@@ -37,10 +37,10 @@ SCRIPT = textwrap.dedent("""
             self.fn = fn
 
         def __getitem__(self, grid):
-            return lambda *args, **constexprs: launches.append((self.fn, args, constexprs))
+            return lambda *args, **kw: launches.append((self.fn, args, kw))
 
     for name in ("_add_rms_norm_kernel", "_rotary_cache_kernel", "_decode_attention_kernel", "_silu_mul_kernel",
-                 "_sample_kernel"):
+                 "_sample_partial_kernel", "_sample_combine_kernel"):
         setattr(K, name, Recorder(getattr(K, name)))
 
     m = json.loads(sys.argv[1])
@@ -51,7 +51,8 @@ SCRIPT = textwrap.dedent("""
     K.add_rms_norm(x, None, bf16(H), 1e-5, bf16(B, H))
     K.add_rms_norm(x, bf16(B, H), bf16(H), 1e-5, bf16(B, H))
     kv = bf16(2, B, n_kv, C, D)
-    K.rotary_cache_write(bf16(B, (n_q + 2 * n_kv) * D), bf16(B, D), bf16(B, D), bf16(B, n_q, D), kv[0], kv[1], long1)
+    K.rotary_cache_write(bf16(B, (n_q + 2 * n_kv) * D), bf16(C, D), bf16(C, D), torch.zeros(B, dtype=torch.long),
+                         bf16(B, n_q, D), kv[0], kv[1], long1)
     for kv_len in (64, C):
         K.decode_attention(bf16(B, n_q, D), kv[0], kv[1], torch.ones(B, C, dtype=torch.bool), kv_len, 0.125,
                            bf16(B, n_q * D))
@@ -59,7 +60,9 @@ SCRIPT = textwrap.dedent("""
     for greedy in (False, True):
         K.sample(bf16(B, V), torch.ones(1), long1, long1, greedy, torch.zeros(B, dtype=torch.long), torch.zeros(B))
 
-    TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int64: "*i64", torch.bool: "*i1"}
+    TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int64: "*i64", torch.int32: "*i32",
+             torch.bool: "*i1"}
+    LAUNCH_OPTIONS = ("num_warps", "num_stages")
 
     def arg_type(value):
         if isinstance(value, torch.Tensor):
@@ -67,9 +70,11 @@ SCRIPT = textwrap.dedent("""
         return "i1" if isinstance(value, bool) else "i32" if isinstance(value, int) else "fp32"
 
     target = GPUTarget("cuda", 90, 32)
-    for fn, args, constexprs in launches:
+    for fn, args, kw in launches:
+        constexprs = {k: v for k, v in kw.items() if k not in LAUNCH_OPTIONS}
+        options = {k: v for k, v in kw.items() if k in LAUNCH_OPTIONS}
         signature = dict(zip(fn.arg_names, map(arg_type, args)), **{k: "constexpr" for k in constexprs})
-        compiled = triton.compile(ASTSource(fn, signature, constexprs=constexprs), target=target)
+        compiled = triton.compile(ASTSource(fn, signature, constexprs=constexprs), target=target, options=options)
         assert "cubin" in compiled.asm, fn.__name__
         print(fn.__name__, "ok")
 """)
@@ -85,4 +90,4 @@ def test_fused_kernels_compile_for_sm90(model):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines() == [f"{name} ok" for name in (
         "_add_rms_norm_kernel", "_add_rms_norm_kernel", "_rotary_cache_kernel", "_decode_attention_kernel",
-        "_decode_attention_kernel", "_silu_mul_kernel", "_sample_kernel", "_sample_kernel")]
+        "_decode_attention_kernel", "_silu_mul_kernel") + ("_sample_partial_kernel", "_sample_combine_kernel") * 2]

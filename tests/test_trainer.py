@@ -68,6 +68,7 @@ def test_run_records_follow_the_schema_and_the_plan(tiny_run):
     assert set(conf["data"]["splits"]) >= {"train", "validation", "test"}
     assert len(conf["model"]["sha256"]) == 64
     assert conf["packages"]["torch"] and "git_commit" in conf
+    assert conf["rollout_path"] == {"auto": "eager", "off": "eager", "on": "fast", "fused": "fused"}[cfg.fast_rollout]  # CPU
     assert conf["source_sha256"] == source_sha256()
     assert (run.final_path / "model.safetensors").exists()
 

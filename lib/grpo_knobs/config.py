@@ -63,7 +63,8 @@ class RunConfig:
     engine: str = field(default="hf", metadata={"help": "Rollout engine: hf or sglang."})
     engine_url: str | None = field(default=None, metadata={"help": "sglang: attach to this server instead of launching one."})
     fast_rollout: str = field(default="auto", metadata={
-        "help": "hf engine fast path: auto (GPU only), on, off, or fused (on, plus the Triton decode kernels)."})
+        "help": "hf engine decode path: on (static cache, CUDA graphs on GPU), fused (on, plus the Triton "
+                "decode kernels), off (model.generate), or auto: fused on GPU where the model allows, else on; off on CPU."})
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda[:n]."})
     # --- records
     output_dir: str = field(default="runs/adhoc", metadata={"help": "Study directory; the run lives in output_dir/run_id."})

@@ -196,6 +196,7 @@ class Trainer:
             "model": {"name": self.model_info.name, "source": self.model_info.source, "sha256": self.model_info.sha256,
                       "path": str(self.model_info.path)},
             "device": str(self.device), "gpu": torch.cuda.get_device_name(0) if self.device.type == "cuda" else None,
+            "rollout_path": getattr(self.engine, "path", cfg.engine),
             "packages": package_versions(), "git_commit": git_commit(), "source_sha256": source_sha256(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv,
         }

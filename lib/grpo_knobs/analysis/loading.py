@@ -100,6 +100,7 @@ def _run_config_row(meta: dict) -> dict:
                                              cfg["rollout_batch_size"] * cfg["n_samples_per_prompt"]),
         "prompts_exposed": plan.get("prompts_exposed"),
         "fast_rollout": cfg.get("fast_rollout"),
+        "rollout_path": meta.get("rollout_path"),  # eager / fast / fused; absent from older records
         "device": meta.get("device"),
         "gpu": meta.get("gpu"),
         "synthetic": bool(cfg.get("synthetic", False)) or str(meta.get("study", "")).startswith("synthetic"),

@@ -293,9 +293,13 @@ def select_benchmark(bench: pd.DataFrame | None, runs: pd.DataFrame,
 
 
 def throughput_column_for(runs: pd.DataFrame) -> str:
-    """The benchmark column matching how the runs generated: ``eager_tokens_per_s`` when every
-    run had ``fast_rollout`` off, ``fused_tokens_per_s`` when every run had it fused, else
-    ``fast_tokens_per_s``."""
+    """The benchmark column matching how the runs generated: ``{path}_tokens_per_s`` when every run
+    recorded one decode path (``rollout_path``: eager, fast or fused). Records without it say only
+    their ``fast_rollout`` setting, which then meant: off = eager, fused = fused, auto or on = fast.
+    Mixed runs get ``fast_tokens_per_s``."""
+    paths = set(runs["rollout_path"].dropna()) if "rollout_path" in runs else set()
+    if len(paths) == 1 and runs["rollout_path"].notna().all() and paths <= {"eager", "fast", "fused"}:
+        return f"{paths.pop()}_tokens_per_s"
     modes = {str(m).lower() for m in runs["fast_rollout"].dropna()} if "fast_rollout" in runs else set()
     if modes and modes <= {"off", "false"}:
         return "eager_tokens_per_s"

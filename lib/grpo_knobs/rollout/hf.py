@@ -10,6 +10,7 @@ captured graph per decode step removes that overhead while reading the same para
 from __future__ import annotations
 
 import copy
+import os
 import warnings
 from contextlib import contextmanager
 
@@ -59,7 +60,8 @@ class StaticDecoder:
     The attended cache length grows in blocks, so early steps do not read the empty tail of the cache.
     """
 
-    def __init__(self, model, stop_ids, pad_id: int, use_graphs: bool, block: int = 64, prefill_rows: int = 64,
+    def __init__(self, model, stop_ids, pad_id: int, use_graphs: bool, block: int = 64,
+                 prefill_bytes: int = 1 << 30,
                  fused: bool = False, compact: bool = False, check_every: int = 16, min_rows: int = 16):
         cfg = model.config
         layer_types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
@@ -75,12 +77,17 @@ class StaticDecoder:
         self.stop_list = sorted(stop_ids)
         self.stop = torch.tensor(self.stop_list, device=self.weight.device)  # [S]
         self.pad_id = pad_id
-        self.use_graphs, self.block, self.prefill_rows = use_graphs, block, prefill_rows
+        self.use_graphs, self.block, self.prefill_bytes = use_graphs, block, prefill_bytes
         self.graphs, self.pool = {}, None
         self.rows, self.cap = 0, 0
         self.fused = _FusedWeights(model) if fused else None
         if fused:
             from . import kernels  # noqa: F401  (fails here, with its reason, rather than mid-generation)
+
+            if self.weight.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+                raise ValueError("fast='fused' on a CPU model runs only in Triton's interpreter, and this process "
+                                 "compiles Triton for its GPU: move the model to the GPU, set TRITON_INTERPRET=1 "
+                                 "before anything imports triton, or use fast=True")
         # compact: every check_every steps (one host sync), once at most half the rows are still
         # decoding, move them to the front and continue at the next power-of-two width (>= min_rows)
         self.compact, self.check_every, self.min_rows = compact, check_every, min_rows
@@ -109,6 +116,9 @@ class StaticDecoder:
         self.step = torch.zeros(1, dtype=torch.long, device=dev)  # output column the next token goes to
         self.inv_temp = torch.ones(1, dtype=torch.float32, device=dev)
         self.noise_seed = torch.zeros(1, dtype=torch.long, device=dev)  # Philox key of the fused sampler
+        if self.fused is not None:  # the model's rotary embedding at every cache position, read by position
+            cos, sin = self.backbone.rotary_emb(self.weight.new_empty(1, cap, 1), self.arange[None])  # [1, C, D]
+            self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()  # [C, D]
         self.rows, self.cap = rows, cap
 
     def _forward(self, ids, pos, slots, kv_len: int, r0: int, r1: int):
@@ -178,14 +188,12 @@ class StaticDecoder:
 
         f, bb = self.fused, self.backbone
         x = bb.embed_tokens(self.tok[:B])  # [B, H] residual stream, updated in place
-        cos, sin = bb.rotary_emb(x[:, None], self.pos[:B, None])  # [B, 1, D]
-        cos, sin = cos[:, 0].contiguous(), sin[:, 0].contiguous()  # [B, D]
         h = torch.empty_like(x)  # [B, H] normalised input of the next block
         add_rms_norm(x, None, f.norms[0], f.eps, h)
         for i, layer in enumerate(self.layers):
             qkv = torch.nn.functional.linear(h, f.wqkv[i], f.bqkv[i])  # [B, (Hq + 2 Hkv) * D]
             q = x.new_empty(B, self.n_heads, self.head_dim)  # [B, Hq, D]
-            rotary_cache_write(qkv, cos, sin, q, self.kv[i, 0], self.kv[i, 1], self.slot)
+            rotary_cache_write(qkv, self.cos, self.sin, self.pos, q, self.kv[i, 0], self.kv[i, 1], self.slot)
             o = x.new_empty(B, self.n_heads * self.head_dim)  # [B, Hq * D]
             decode_attention(q, self.kv[i, 0], self.kv[i, 1], self.valid, kv_len, layer.self_attn.scaling, o)
             add_rms_norm(x, layer.self_attn.o_proj(o), f.norms[2 * i + 1], f.eps, h)
@@ -262,15 +270,17 @@ class StaticDecoder:
         if self.fused is not None:  # the fused sampler's noise, fixed by seed (other paths use torch's stream)
             self.noise_seed.fill_(int(torch.randint(0, 2**62, (1,))))
 
-        # prefill: the whole prompt, in row chunks to bound the [rows, heads, P, P] attention scores
+        # prefill: the whole prompt, in row chunks that bound the float32 [rows, heads, P, P] attention
+        # scores (and their softmax copies) to prefill_bytes; short prompts take one chunk, whose
+        # launches cost no more than one decode step's
+        chunk = max(1, self.prefill_bytes // (4 * 4 * self.n_heads * P * P))
         self._reset(B)
         self.done[n_real:B] = True  # padding rows emit pad and do not hold up the early exit
         self.valid[:B].zero_()
         self.valid[:B, :P] = mask
         pos = (mask.long().cumsum(-1) - 1).clamp_min(0)  # [B, P] positions restart after left padding
-        hidden = torch.cat([self._forward(ids[r:r + self.prefill_rows], pos[r:r + self.prefill_rows],
-                                          self.arange[:P], P, r, min(r + self.prefill_rows, B))
-                            for r in range(0, B, self.prefill_rows)])  # [B, H]
+        hidden = torch.cat([self._forward(ids[r:r + chunk], pos[r:r + chunk], self.arange[:P], P, r, min(r + chunk, B))
+                            for r in range(0, B, chunk)])  # [B, H]
         self._emit(hidden, B, greedy)
         self.pos[:B] = mask.sum(-1)
         self.slot.fill_(P)
@@ -352,6 +362,9 @@ class _FusedWeights:
             problems.append(f"activation {cfg.hidden_act!r}")
         if head_dim & (head_dim - 1):
             problems.append(f"head_dim {head_dim} (not a power of two)")
+        rope = getattr(cfg, "rope_scaling", None) or {}
+        if rope.get("rope_type", rope.get("type")) in ("dynamic", "longrope"):  # positions are read from a fixed table
+            problems.append(f"{rope.get('rope_type', rope.get('type'))} rotary scaling")
         if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")) or not hasattr(norm, "variance_epsilon"):
             problems.append("a non-llama MLP or norm")
         if problems:
@@ -430,7 +443,7 @@ class HFEngine(RolloutEngine):
     compare it with generate); "fused" also replaces each decode layer's small kernels and the sampler
     with the Triton kernels of kernels.py (interpreted on CPU; its sampler draws the same distribution
     from Philox noise, so seeded samples differ from the other paths); False uses `model.generate`;
-    "auto" is True on CUDA when supported.
+    "auto" is "fused" on CUDA for the models it supports, else True there, and False on CPU.
     compact: drop finished rows from the decode batch (fast paths only; default: on for "fused").
     Responses are sampled from the same distributions, but rows draw different noise than without
     it, so seeded samples differ from the uncompacted paths.
@@ -456,16 +469,20 @@ class HFEngine(RolloutEngine):
         if fast not in (True, False, "auto", "fused"):
             raise ValueError(f"fast must be True, False, 'auto' or 'fused', got {fast!r}")
         self.decoder = None
-        if fast in (True, "fused") or (fast == "auto" and device.type == "cuda"):
+        # "auto" on CUDA tries the fused step, then the plain static decoder, then generate
+        tries = {True: [False], "fused": [True], False: [], "auto": [True, False] if device.type == "cuda" else []}[fast]
+        for fused in tries:
             try:
                 self.decoder = StaticDecoder(self.model, self.stop_ids, self.pad_id, use_graphs=device.type == "cuda",
-                                             fused=fast == "fused",
-                                             compact=fast == "fused" if compact is None else compact)
-            except ValueError as e:
-                if fast in (True, "fused"):
+                                             fused=fused, compact=fused if compact is None else compact)
+                break
+            except (ValueError, ImportError) as e:
+                if fast != "auto":
                     raise
-                warnings.warn(f"HFEngine falls back to eager generate: {e}")
+                warnings.warn(f"HFEngine falls back to {'the unfused static decoder' if fused else 'eager generate'}: {e}")
         self.fast = self.decoder is not None
+        # which decode path runs: "fused", "fast" (static decoder) or "eager" (model.generate); run records keep it
+        self.path = "eager" if self.decoder is None else "fused" if self.decoder.fused is not None else "fast"
 
     @torch.no_grad()
     def update_weights(self, state_dict) -> None:

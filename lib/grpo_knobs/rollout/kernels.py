@@ -7,7 +7,8 @@ attention and activation chains with five launches around four GEMMs:
     add_rms_norm -> qkv GEMM -> rotary_cache_write -> decode_attention -> o GEMM
     -> add_rms_norm -> gate_up GEMM -> silu_mul -> down GEMM
 
-and after the last layer, the lm_head GEMM -> sample (one pass over the logits).
+and after the last layer, the lm_head GEMM -> sample (one pass over the logits, split across
+programs, then a small combine). Rotary cos/sin come from a per-position table built once per cache.
 
 Every kernel reads its scalars (cache slot) from device memory, so one CUDA graph replays it.
 Arithmetic is float32 inside a kernel; values are rounded to the storage dtype where the
@@ -64,52 +65,60 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
 
 
 @triton.jit
-def _rotary_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, slot_ptr,
-                         stride_row, stride_head, stride_slot, n_q, n_kv,
+def _rotary_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr, slot_ptr,
+                         stride_row, stride_head, stride_slot,
+                         N_Q: tl.constexpr, N_KV: tl.constexpr, QK_PAD: tl.constexpr, KV_PAD: tl.constexpr,
                          D: tl.constexpr, HALF: tl.constexpr):
+    # One program per row, all heads at once: a [heads, D] tile instead of a program per head,
+    # which left each program a few dozen elements and made the launch cost most of the time.
     b = tl.program_id(0)
-    h = tl.program_id(1)
     slot = tl.load(slot_ptr)
-    src = qkv_ptr + b * (n_q + 2 * n_kv) * D + h * D
-    # Triton needs a name bound in both branches of an `if` to have one type, so each branch
-    # has its own names: the rotated halves are [HALF] wide, the copied value head [D].
-    if h < n_q + n_kv:  # query or key head: rotate (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)
-        half = tl.arange(0, HALF)
-        x1 = tl.load(src + half).to(tl.float32)
-        x2 = tl.load(src + HALF + half).to(tl.float32)
-        c1 = tl.load(cos_ptr + b * D + half).to(tl.float32)
-        c2 = tl.load(cos_ptr + b * D + HALF + half).to(tl.float32)
-        s1 = tl.load(sin_ptr + b * D + half).to(tl.float32)
-        s2 = tl.load(sin_ptr + b * D + HALF + half).to(tl.float32)
-        o1 = x1 * c1 - x2 * s1
-        o2 = x2 * c2 + x1 * s2
-        if h < n_q:
-            q_dst = q_ptr + (b * n_q + h) * D
-            tl.store(q_dst + half, o1.to(q_ptr.dtype.element_ty))
-            tl.store(q_dst + HALF + half, o2.to(q_ptr.dtype.element_ty))
-        else:
-            k_dst = k_ptr + b * stride_row + (h - n_q) * stride_head + slot * stride_slot
-            tl.store(k_dst + half, o1.to(k_ptr.dtype.element_ty))
-            tl.store(k_dst + HALF + half, o2.to(k_ptr.dtype.element_ty))
-    else:  # value head: copied into the cache unchanged
-        full = tl.arange(0, D)
-        v_dst = v_ptr + b * stride_row + (h - n_q - n_kv) * stride_head + slot * stride_slot
-        tl.store(v_dst + full, tl.load(src + full).to(v_ptr.dtype.element_ty))
+    pos = tl.load(pos_ptr + b)
+    src = qkv_ptr + b * (N_Q + 2 * N_KV) * D
+    half = tl.arange(0, HALF)
+    h = tl.arange(0, QK_PAD)[:, None]  # query heads 0..N_Q-1, then key heads
+    is_qk = h < N_Q + N_KV
+    # (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), cos and sin read from the table at this row's position
+    x1 = tl.load(src + h * D + half[None, :], mask=is_qk, other=0.0).to(tl.float32)  # [QK_PAD, HALF]
+    x2 = tl.load(src + h * D + HALF + half[None, :], mask=is_qk, other=0.0).to(tl.float32)
+    c1 = tl.load(cos_ptr + pos * D + half).to(tl.float32)[None, :]  # [1, HALF]
+    c2 = tl.load(cos_ptr + pos * D + HALF + half).to(tl.float32)[None, :]
+    s1 = tl.load(sin_ptr + pos * D + half).to(tl.float32)[None, :]
+    s2 = tl.load(sin_ptr + pos * D + HALF + half).to(tl.float32)[None, :]
+    o1 = x1 * c1 - x2 * s1
+    o2 = x2 * c2 + x1 * s2
+    is_q = h < N_Q
+    q_dst = q_ptr + (b * N_Q + h) * D + half[None, :]
+    tl.store(q_dst, o1.to(q_ptr.dtype.element_ty), mask=is_q)
+    tl.store(q_dst + HALF, o2.to(q_ptr.dtype.element_ty), mask=is_q)
+    is_k = (h >= N_Q) & is_qk
+    k_dst = k_ptr + b * stride_row + (h - N_Q) * stride_head + slot * stride_slot + half[None, :]
+    tl.store(k_dst, o1.to(k_ptr.dtype.element_ty), mask=is_k)
+    tl.store(k_dst + HALF, o2.to(k_ptr.dtype.element_ty), mask=is_k)
+    hv = tl.arange(0, KV_PAD)[:, None]  # value heads: copied into the cache unchanged
+    full = tl.arange(0, D)[None, :]
+    v = tl.load(src + (N_Q + N_KV + hv) * D + full, mask=hv < N_KV, other=0.0)  # [KV_PAD, D]
+    tl.store(v_ptr + b * stride_row + hv * stride_head + slot * stride_slot + full, v.to(v_ptr.dtype.element_ty),
+             mask=hv < N_KV)
 
 
-def rotary_cache_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_out: torch.Tensor,
-                       k_cache: torch.Tensor, v_cache: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+def rotary_cache_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
+                       q_out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       slot: torch.Tensor) -> torch.Tensor:
     """Rotate q and k of one decode token and write k, v into cache slot ``slot``.
 
-    qkv: [B, (Hq + 2 Hkv) * D]; cos, sin: [B, D]; q_out: [B, Hq, D];
-    k_cache, v_cache: [rows >= B, Hkv, C, D] with a contiguous last dimension; slot: [1] long.
+    qkv: [B, (Hq + 2 Hkv) * D]; cos, sin: [positions, D] tables, read at row b's position pos[b];
+    pos: [>= B] long; q_out: [B, Hq, D]; k_cache, v_cache: [rows >= B, Hkv, C, D] with a contiguous
+    last dimension; slot: [1] long.
     """
     B, n_q, D = q_out.shape
     n_kv = k_cache.shape[1]
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
-    _rotary_cache_kernel[(B, n_q + 2 * n_kv)](qkv, cos, sin, q_out, k_cache, v_cache, slot,
-                                              k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                                              n_q, n_kv, D=D, HALF=D // 2)
+    assert cos.is_contiguous() and sin.is_contiguous() and cos.shape[-1] == D
+    _rotary_cache_kernel[(B,)](qkv, cos, sin, pos, q_out, k_cache, v_cache, slot,
+                               k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                               N_Q=n_q, N_KV=n_kv, QK_PAD=triton.next_power_of_2(n_q + n_kv),
+                               KV_PAD=triton.next_power_of_2(n_kv), D=D, HALF=D // 2, num_warps=2)
     return q_out
 
 
@@ -152,7 +161,8 @@ def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, valid_ptr, o_ptr, scale,
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, valid: torch.Tensor,
-                     kv_len: int, scale: float, out: torch.Tensor, block_k: int = 64) -> torch.Tensor:
+                     kv_len: int, scale: float, out: torch.Tensor, block_k: int = 32, num_warps: int | None = None,
+                     num_stages: int = 2) -> torch.Tensor:
     """Grouped-query attention of one decode token over cache slots < kv_len whose ``valid`` is set.
 
     q: [B, Hq, D]; k_cache, v_cache: [rows >= B, Hkv, C, D]; valid: [rows, C] bool;
@@ -165,11 +175,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     G = n_q // n_kv
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and valid.stride(-1) == 1
     # kv_len is a compile-time constant: the decoder uses a few cache-length buckets, each
-    # captured in its own graph, so each compiles once.
+    # captured in its own graph, so each compiles once. Launch shape: the fastest of a sweep on an
+    # H200 at SmolLM2-135M's shapes (benchmarks/decode_kernels.py): one warp per 64-wide head and
+    # 32-slot blocks, double-buffered, read the cache closest to bandwidth.
     _decode_attention_kernel[(B, n_kv)](q, k_cache, v_cache, valid, out, scale,
                                         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), valid.stride(0),
-                                        n_q, KV_LEN=kv_len, G=G, G_PAD=max(triton.next_power_of_2(G), 16), D=D, BLOCK_K=block_k,
-                                        PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+                                        n_q, KV_LEN=kv_len, G=G, G_PAD=max(triton.next_power_of_2(G), 16), D=D,
+                                        BLOCK_K=block_k, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                                        num_warps=num_warps or max(1, D // 64), num_stages=num_stages)
     return out
 
 
@@ -192,36 +205,79 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor, block: int = 1024) -> tor
 
 
 @triton.jit
-def _sample_kernel(logits_ptr, inv_temp_ptr, seed_ptr, step_ptr, tok_ptr, lp_ptr, stride_row,
-                   V: tl.constexpr, GREEDY: tl.constexpr, BLOCK: tl.constexpr):
+def _race_tile(row_ptr, start, j, inv_t, u, m, s, key, idx, z, V: tl.constexpr, GREEDY: tl.constexpr):
+    """Fold columns start + j into per-lane race state: running max m and sum s of exp(z - m), and the
+    best Gumbel key with its column and z. All elementwise: the block reduces once, at the end."""
+    cols = start + j
+    z_new = tl.load(row_ptr + cols, mask=cols < V, other=-float("inf")).to(tl.float32) * inv_t
+    if GREEDY:
+        key_new = z_new
+    else:
+        # argmax(z - log E), E = -log U ~ Exp(1), is an exact draw from softmax(z). U = 0 gives
+        # E = inf and a key of -inf: that token is not drawn, at probability 2^-32.
+        key_new = z_new - tl.log(-tl.log(u))
+    m_new = tl.maximum(m, z_new)  # m starts finite, so masked columns add exp(-inf) = 0
+    s = s * tl.exp(m - m_new) + tl.exp(z_new - m_new)
+    better = key_new > key  # a lane's earlier tile keeps ties: its lower column
+    return m_new, s, tl.where(better, key_new, key), tl.where(better, cols, idx), tl.where(better, z_new, z)
+
+
+@triton.jit
+def _sample_partial_kernel(logits_ptr, inv_temp_ptr, seed_ptr, step_ptr, part_ptr, part_idx_ptr, stride_row,
+                           V: tl.constexpr, N_BLOCKS: tl.constexpr, GREEDY: tl.constexpr, QUARTER: tl.constexpr):
+    # Program (row, blk) races columns blk * 4Q .. blk * 4Q + 4Q - 1 as four quarter tiles. Splitting
+    # each row over many programs keeps every SM busy, and one Philox evaluation (rand4x) gives all
+    # four quarters their uniforms.
     row = tl.program_id(0)
+    blk = tl.program_id(1)
     inv_t = tl.load(inv_temp_ptr)
-    seed = tl.load(seed_ptr) + tl.load(step_ptr)  # a fresh Philox key per step, read from device memory
-    m = -float("inf")  # running max of z
-    total = 0.0  # running sum of exp(z - m)
-    best_key = -float("inf")
-    best_idx = 0
-    best_z = 0.0
-    for start in range(0, V, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        z = tl.load(logits_ptr + row * stride_row + cols, mask=cols < V, other=-float("inf")).to(tl.float32) * inv_t
-        m_new = tl.maximum(m, tl.max(z, axis=0))
-        total = total * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new), axis=0)
-        m = m_new
-        if GREEDY:
-            key = z
-        else:
-            # Gumbel-max: argmax(z - log E), E = -log U ~ Exp(1), is an exact draw from softmax(z).
-            # U = 0 gives E = inf and a key of -inf: that token is not drawn, at probability 2^-32.
-            key = z - tl.log(-tl.log(tl.rand(seed, row * V + cols)))
-        i = tl.argmax(key, axis=0)
-        k = tl.max(key, axis=0)
-        better = k > best_key
-        best_z = tl.where(better, tl.sum(tl.where(cols == start + i, z, 0.0), axis=0), best_z)
-        best_idx = tl.where(better, start + i, best_idx)
-        best_key = tl.where(better, k, best_key)
-    tl.store(tok_ptr + row, best_idx.to(tl.int64))
-    tl.store(lp_ptr + row, best_z - m - tl.log(total))
+    j = tl.arange(0, QUARTER)
+    if GREEDY:
+        u0 = tl.zeros([QUARTER], tl.float32)
+        u1 = u0
+        u2 = u0
+        u3 = u0
+    else:
+        seed = tl.load(seed_ptr) + tl.load(step_ptr)  # a fresh Philox key per step, read from device memory
+        u0, u1, u2, u3 = tl.rand4x(seed, (row * N_BLOCKS + blk) * QUARTER + j)
+    row_ptr = logits_ptr + row * stride_row
+    first = blk * 4 * QUARTER
+    m = tl.full([QUARTER], -3.0e38, tl.float32)
+    s = tl.zeros([QUARTER], tl.float32)
+    key = tl.full([QUARTER], -float("inf"), tl.float32)
+    idx = tl.zeros([QUARTER], tl.int32) + first + j
+    z = tl.zeros([QUARTER], tl.float32)
+    m, s, key, idx, z = _race_tile(row_ptr, first, j, inv_t, u0, m, s, key, idx, z, V, GREEDY)
+    m, s, key, idx, z = _race_tile(row_ptr, first + QUARTER, j, inv_t, u1, m, s, key, idx, z, V, GREEDY)
+    m, s, key, idx, z = _race_tile(row_ptr, first + 2 * QUARTER, j, inv_t, u2, m, s, key, idx, z, V, GREEDY)
+    m, s, key, idx, z = _race_tile(row_ptr, first + 3 * QUARTER, j, inv_t, u3, m, s, key, idx, z, V, GREEDY)
+    m_max = tl.max(m, axis=0)
+    best_key = tl.max(key, axis=0)
+    best_idx = tl.min(tl.where(key == best_key, idx, 2147483647), axis=0)  # the lowest column among equal keys
+    out = part_ptr + (row * N_BLOCKS + blk) * 4
+    tl.store(out, m_max)
+    tl.store(out + 1, tl.sum(s * tl.exp(m - m_max), axis=0))
+    tl.store(out + 2, best_key)
+    tl.store(out + 3, tl.sum(tl.where(idx == best_idx, z, 0.0), axis=0))
+    tl.store(part_idx_ptr + row * N_BLOCKS + blk, best_idx)
+
+
+@triton.jit
+def _sample_combine_kernel(part_ptr, part_idx_ptr, tok_ptr, lp_ptr, N_BLOCKS: tl.constexpr, BLOCKS_PAD: tl.constexpr):
+    row = tl.program_id(0)
+    k = tl.arange(0, BLOCKS_PAD)
+    ok = k < N_BLOCKS
+    part = part_ptr + (row * N_BLOCKS + k) * 4
+    m = tl.load(part, mask=ok, other=-3.0e38)  # [BLOCKS_PAD]
+    s = tl.load(part + 1, mask=ok, other=0.0)
+    key = tl.load(part + 2, mask=ok, other=-float("inf"))
+    z = tl.load(part + 3, mask=ok, other=0.0)
+    idx = tl.load(part_idx_ptr + row * N_BLOCKS + k, mask=ok, other=0)
+    m_max = tl.max(m, axis=0)
+    total = tl.sum(s * tl.exp(m - m_max), axis=0)
+    best = tl.argmax(key, axis=0)  # first of equal keys: the lowest block
+    tl.store(tok_ptr + row, tl.sum(tl.where(k == best, idx, 0), axis=0).to(tl.int64))
+    tl.store(lp_ptr + row, tl.sum(tl.where(k == best, z, 0.0), axis=0) - m_max - tl.log(total))
 
 
 def sample(logits: torch.Tensor, inv_temperature: torch.Tensor, seed: torch.Tensor, step: torch.Tensor,
@@ -229,17 +285,24 @@ def sample(logits: torch.Tensor, inv_temperature: torch.Tensor, seed: torch.Tens
     """One token per row from softmax(logits * inv_temperature), and its log-prob, in one pass over the logits.
 
     logits: [B, V] (any float dtype; read once, math in float32); inv_temperature, seed, step: [1] on the
-    device (read by the kernel, so a captured graph replays with new values); tokens: [B] long,
+    device (read by the kernels, so a captured graph replays with new values); tokens: [B] long,
     logprobs: [B] float32 outputs. The draw is Gumbel-max with Philox noise keyed by seed + step: the same
     distribution as ``hf.sample_tokens``, from a different random stream. Greedy takes argmax(z) and
-    reports log-probs at the given temperature (the decoder sets it to 1).
+    reports log-probs at the given temperature (the decoder sets it to 1). Two launches: each row is raced
+    in blocks of ``block`` columns by separate programs, then their partial results are combined.
     """
     B, V = logits.shape
     assert logits.stride(-1) == 1
     if block is None:  # the interpreter's cost is per operation, not per element: one block per row there
-        block = triton.next_power_of_2(V) if os.environ.get("TRITON_INTERPRET") == "1" else 4096
+        block = triton.next_power_of_2(V) if os.environ.get("TRITON_INTERPRET") == "1" else 2048
+    quarter = max(min(block, triton.next_power_of_2(V)) // 4, 1)
+    n_blocks = triton.cdiv(V, 4 * quarter)
+    part = torch.empty(B, n_blocks, 4, dtype=torch.float32, device=logits.device)  # [B, N, (m, s, key, z)]
+    part_idx = torch.empty(B, n_blocks, dtype=torch.int32, device=logits.device)  # [B, N] each block's winner
     # V is a compile-time constant (one vocabulary per model): Triton's interpreter, which the CPU
     # tests use, cannot loop to a runtime bound.
-    _sample_kernel[(B,)](logits, inv_temperature, seed, step, tokens, logprobs, logits.stride(0),
-                         V=V, GREEDY=greedy, BLOCK=min(block, triton.next_power_of_2(V)))
+    _sample_partial_kernel[(B, n_blocks)](logits, inv_temperature, seed, step, part, part_idx, logits.stride(0),
+                                          V=V, N_BLOCKS=n_blocks, GREEDY=greedy, QUARTER=quarter)
+    _sample_combine_kernel[(B,)](part, part_idx, tokens, logprobs, N_BLOCKS=n_blocks,
+                                 BLOCKS_PAD=triton.next_power_of_2(n_blocks))
     return tokens, logprobs

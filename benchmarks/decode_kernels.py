@@ -1,0 +1,154 @@
+"""Each fused decode kernel at a model's decode shapes, timed against the bytes it must move.
+
+A decode step is a few hundred short kernels, so each one's distance from its memory floor says where a
+step's time goes. Every kernel runs through its launch wrapper in kernels.py with the decoder's shapes
+(batch rows, the model's heads and widths), `--reps` launches captured in one CUDA graph as the decoder
+runs them; the layer GEMMs are timed the same way. Decode attention is also swept over launch shapes
+(cache block, warps, pipeline stages) at several cache lengths: its default is the best of this sweep on
+an H200. On CPU the kernels run in Triton's interpreter and the times only show that the code runs.
+
+    python -m benchmarks.decode_kernels --batch 512 --out benchmarks/results/decode-kernels-h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.rollout import bandwidth, gpu_slug
+from grpo_knobs.models import load_model
+from grpo_knobs.rollout import kernels as K
+
+
+def per_launch_us(fn, reps: int, iters: int, device: torch.device) -> float:
+    """Microseconds per call of fn: reps calls captured in one CUDA graph, replayed iters times (CPU: a loop)."""
+    if device.type != "cuda":
+        fn()
+        start = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - start) / reps * 1e6
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile and warm up outside the capture
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize(device)
+    return start.elapsed_time(end) * 1e3 / iters / reps
+
+
+def main(argv=None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--kv-lens", default="128,192,320", help="attended cache lengths for decode attention")
+    ap.add_argument("--sweep", default="32,64,128:1,2,4:1,2,3",
+                    help="decode attention launch shapes: cache blocks:warps:stages, each a comma list")
+    ap.add_argument("--reps", type=int, default=30, help="launches per graph (a model's layer count is typical)")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s; default: datasheet table or measured")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    device = torch.device(args.device)
+    model, _, _ = load_model(args.model, device=device)
+    c = model.config
+    dtype = model.get_input_embeddings().weight.dtype
+    B, H, I, V = args.batch, c.hidden_size, c.intermediate_size, c.vocab_size
+    n_q, n_kv = c.num_attention_heads, c.num_key_value_heads
+    D = getattr(c, "head_dim", None) or H // n_q
+    kv_lens = [int(x) for x in args.kv_lens.split(",")]
+    C = max(kv_lens)
+    bw, bw_source = bandwidth(device, args.bandwidth)
+    el = torch.finfo(dtype).bits // 8
+    g = torch.Generator(device).manual_seed(0)
+    t = lambda *shape: torch.randn(*shape, generator=g, device=device).to(dtype)  # noqa: E731
+    time_us = lambda fn: per_launch_us(fn, args.reps, args.iters, device)  # noqa: E731
+    floor_us = lambda nbytes: nbytes / bw * 1e6  # noqa: E731
+    base = {"gpu": gpu_slug(device), "model": args.model, "batch": B, "dtype": str(dtype).removeprefix("torch."),
+            "bandwidth_bytes_per_s": bw, "bandwidth_source": bw_source}
+    rows = []
+
+    def report(kernel: str, us: float, nbytes: int | None = None, flops: int | None = None, **extra):
+        row = base | {"kernel": kernel, "us_per_launch": us} | extra
+        note = ""
+        if nbytes is not None:
+            row["floor_us"] = floor_us(nbytes)
+            row["fraction_of_floor"] = row["floor_us"] / us
+            note = f"floor {row['floor_us']:7.1f} us  {row['fraction_of_floor']:6.1%} of it"
+        if flops is not None:
+            row["tflops"] = flops / us / 1e6
+            note = f"{row['tflops']:7.0f} TFLOP/s"
+        rows.append(row)
+        print(f"{kernel:<34} {us:8.1f} us  {note}", flush=True)
+
+    print(f"{args.model} on {base['gpu']}: batch {B}, {dtype}, {args.reps} launches per graph; "
+          f"bandwidth {bw / 1e12:.2f} TB/s ({bw_source})")
+    x, delta, h, w = t(B, H), t(B, H), t(B, H), t(H)
+    report("add_rms_norm", time_us(lambda: K.add_rms_norm(x, delta, w, 1e-5, h)), 5 * B * H * el)
+    qkv, q = t(B, (n_q + 2 * n_kv) * D), t(B, n_q, D)
+    cos, sin = t(C, D), t(C, D)
+    kv = t(2, B, n_kv, C, D)
+    pos, slot = torch.full((B,), 7, device=device), torch.tensor([7], device=device)
+    report("rotary_cache_write", time_us(lambda: K.rotary_cache_write(qkv, cos, sin, pos, q, kv[0], kv[1], slot)),
+           2 * B * (n_q + 2 * n_kv) * D * el)
+    gate_up, act = t(B, 2 * I), t(B, I)
+    report("silu_mul", time_us(lambda: K.silu_mul(gate_up, act)), 3 * B * I * el)
+    logits = t(B, V)
+    one, zero = torch.ones(1, device=device), torch.zeros(1, dtype=torch.long, device=device)
+    tok, lp = torch.empty(B, dtype=torch.long, device=device), torch.empty(B, device=device)
+    for greedy in (False, True):
+        report(f"sample ({'greedy' if greedy else 'T > 0'})",
+               time_us(lambda: K.sample(logits, one, zero, zero, greedy, tok, lp)), B * V * el)
+    for name, (n_out, n_in) in {"qkv": ((n_q + 2 * n_kv) * D, H), "o_proj": (H, n_q * D), "gate_up": (2 * I, H),
+                                "down_proj": (H, I), "lm_head": (V, H)}.items():
+        weight, inp = t(n_out, n_in), t(B, n_in)
+        report(f"gemm {name} [{B}x{n_in}]x[{n_in}x{n_out}]",
+               time_us(lambda: torch.nn.functional.linear(inp, weight)), flops=2 * B * n_in * n_out)
+
+    valid = torch.ones(B, C, dtype=torch.bool, device=device)
+    out = t(B, n_q * D)
+    blocks, warps, stages = ([int(v) for v in part.split(",")] for part in args.sweep.split(":"))
+    for kv_len in kv_lens:
+        nbytes = 2 * B * n_kv * kv_len * D * el
+        default = time_us(lambda: K.decode_attention(q, kv[0], kv[1], valid, kv_len, 0.125, out))
+        report(f"decode_attention kv_len {kv_len}", default, nbytes, kv_len=kv_len, launch="default")
+        sweep = []
+        for block_k, num_warps, num_stages in itertools.product(blocks, warps, stages):
+            if block_k > kv_len:
+                continue
+            us = time_us(lambda: K.decode_attention(q, kv[0], kv[1], valid, kv_len, 0.125, out, block_k=block_k,
+                                                    num_warps=num_warps, num_stages=num_stages))
+            sweep.append({"block_k": block_k, "num_warps": num_warps, "num_stages": num_stages, "us_per_launch": us})
+        sweep.sort(key=lambda r: r["us_per_launch"])
+        rows[-1]["sweep"] = sweep
+        best = sweep[0]
+        print(f"  sweep of {len(sweep)}: best block {best['block_k']}, {best['num_warps']} warps, "
+              f"{best['num_stages']} stages at {best['us_per_launch']:.1f} us; default/best "
+              f"{default / best['us_per_launch']:.2f}", flush=True)
+    print("floor: bytes read and written once at the bandwidth; GEMMs are compared with peak FLOP/s instead.")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+        print(f"wrote {args.out}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
