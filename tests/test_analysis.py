@@ -404,8 +404,9 @@ def test_load_rollout_benchmark_forms(tmp_path):
     rows = json.loads(BENCHMARK.read_text())
     (tmp_path / "rollout-a.json").write_text(json.dumps({"rows": rows[:3]}))
     (tmp_path / "rollout-b.json").write_text(json.dumps(rows[3:]))
+    (tmp_path / "rollout-a-countdown.json").write_text(json.dumps([{"task": "countdown", "responses": 64}]))
     bench = an.load_rollout_benchmark(tmp_path / "rollout-*.json")
-    assert bench["batch"].tolist() == [r["batch"] for r in rows]
+    assert bench["batch"].tolist() == [r["batch"] for r in rows]  # the collection table is not read
     (tmp_path / "rollout-c.json").write_text(json.dumps([{"batch": 1}]))
     with pytest.raises(ValueError, match="rollout-c.json lacks columns"):
         an.load_rollout_benchmark(tmp_path / "rollout-*.json")

@@ -331,8 +331,10 @@ def critical_batch_figure(bench: pd.DataFrame | None, measured: pd.DataFrame, cr
     axes = list(axes[0])
     if bench is not None:
         ax = axes.pop(0)
-        for col, style in (("eager_tokens_per_s", "s--"), ("fast_tokens_per_s", "o-"),
+        for col, style in (("eager_tokens_per_s", "s--"), ("fast_tokens_per_s", "o-"), ("fused_tokens_per_s", "^-"),
                            ("bandwidth_bound_tokens_per_s", ":")):
+            if col not in bench or bench[col].isna().all():  # fused: benchmarks from before the fused path
+                continue
             ax.plot(bench["batch"], bench[col], style, ms=3, label=f"benchmark {col.removesuffix('_tokens_per_s')}")
         if not measured.empty:
             ax.plot(measured["generation_batch"], measured["tokens_per_s"], "kx", label="runs: measured generation")

@@ -296,7 +296,9 @@ def load_reference(csv_path: str | Path) -> pd.DataFrame:
 def load_rollout_benchmark(pattern: str | Path) -> pd.DataFrame | None:
     """Rows of every rollout benchmark JSON matching ``pattern``; None when there is none.
 
-    A file holds a list of rows or an object with a ``rows`` list.
+    A file holds a list of rows or an object with a ``rows`` list. The benchmark's whole-collection
+    tables (``rollout-<gpu>-<task>.json``: rows of ``responses`` for a ``task``, no ``batch``) are
+    skipped: they measure collections, not the fixed-length decode this reads.
     """
     paths = sorted(glob.glob(str(pattern)))
     if not paths:
@@ -307,6 +309,10 @@ def load_rollout_benchmark(pattern: str | Path) -> pd.DataFrame | None:
             data = json.load(fh)
         rows = data.get("rows", data) if isinstance(data, dict) else data
         frame = pd.DataFrame(rows)
+        if {"task", "responses"} <= set(frame.columns) and "batch" not in frame.columns:
+            continue
         _require_columns(frame, BENCHMARK_COLUMNS, Path(path).name)
         frames.append(frame.assign(source=Path(path).name))
+    if not frames:
+        return None
     return pd.concat(frames, ignore_index=True).sort_values(["gpu", "model", "batch"], ignore_index=True)
