@@ -271,8 +271,8 @@ class StaticDecoder:
             self.noise_seed.fill_(int(torch.randint(0, 2**62, (1,))))
 
         # prefill: the whole prompt, in row chunks that bound the float32 [rows, heads, P, P] attention
-        # scores (and their softmax copies) to prefill_bytes; short prompts take one chunk, whose
-        # launches cost no more than one decode step's
+        # scores (and their softmax copies) to prefill_bytes; short prompts take one chunk, so the
+        # prefill's eager kernel launches are paid once per call, not once per few rows
         chunk = max(1, self.prefill_bytes // (4 * 4 * self.n_heads * P * P))
         self._reset(B)
         self.done[n_real:B] = True  # padding rows emit pad and do not hold up the early exit
