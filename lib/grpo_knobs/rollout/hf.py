@@ -363,8 +363,9 @@ class _FusedWeights:
         if head_dim & (head_dim - 1):
             problems.append(f"head_dim {head_dim} (not a power of two)")
         rope = getattr(cfg, "rope_scaling", None) or {}
-        if rope.get("rope_type", rope.get("type")) in ("dynamic", "longrope"):  # positions are read from a fixed table
-            problems.append(f"{rope.get('rope_type', rope.get('type'))} rotary scaling")
+        rope_type = rope.get("rope_type", rope.get("type"))
+        if rope_type in ("dynamic", "longrope"):  # positions are read from a fixed table
+            problems.append(f"{rope_type} rotary scaling")
         if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")) or not hasattr(norm, "variance_epsilon"):
             problems.append("a non-llama MLP or norm")
         if problems:
