@@ -217,8 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _one_line(exc: BaseException) -> str:
     """The error as one line that says what went wrong (and, from our own errors, how to fix it)."""
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        return f"no space left on the device writing {exc.filename or 'records'}; free space and resume the run"
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+        where = exc.filename or "records"
+        return f"could not write {where} ({exc.strerror}); free disk space (or raise the limit) and resume the run"
     if isinstance(exc, PermissionError):
         return f"permission denied: {exc.filename}; choose a writable output_dir"
     if isinstance(exc, OSError) and exc.filename and exc.strerror:
