@@ -74,11 +74,12 @@ class _Page:
 # Finding the inputs
 
 
-def committed_study_dir() -> Path:
-    """The study the committed analysis notebooks read: their ``study_dir`` parameter."""
-    return (
-        REPO_ROOT / _notebook_parameter(REPO_ROOT / "notebooks" / f"{ANALYSIS_NOTEBOOKS[0]}.ipynb", "study_dir")
-    ).resolve()
+def committed_study_dir() -> Path | None:
+    """The study the committed analysis notebooks read (their ``study_dir`` parameter); None outside a checkout."""
+    notebook = REPO_ROOT / "notebooks" / f"{ANALYSIS_NOTEBOOKS[0]}.ipynb"
+    if not notebook.is_file():
+        return None
+    return (REPO_ROOT / _notebook_parameter(notebook, "study_dir")).resolve()
 
 
 def _notebook_parameter(path: Path, name: str) -> Any:
