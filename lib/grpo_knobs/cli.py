@@ -125,6 +125,12 @@ def _cmd_notebook_params(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(a: argparse.Namespace) -> int:
+    from .report import write_report
+    print(f"report: {write_report(a.study_dir, a.out, a.notebooks)}")
+    return 0
+
+
 def _cmd_audit(a: argparse.Namespace) -> int:
     from .audit import run_reward_audit
     out = run_reward_audit(task=a.task, model=a.model, problems=a.problems, max_new_tokens=a.max_new_tokens,
@@ -203,6 +209,14 @@ def build_parser() -> argparse.ArgumentParser:
     nbp = sub.add_parser("notebook-params", help="Rewrite the parameters cell of notebooks/10_train.ipynb from RunConfig.")
     nbp.add_argument("--check", action="store_true", help="Only check; exit 2 when the cell differs.")
     nbp.set_defaults(func=_cmd_notebook_params)
+    return 0
+
+
+    rp = sub.add_parser("report", help="One self-contained HTML page from a study's executed analysis notebooks.")
+    rp.add_argument("study_dir", help="A study directory analysed by `grpo-knobs analyze` (or results/h200-mini).")
+    rp.add_argument("--out", default=None, help="Default: report.html beside the notebooks' figures.")
+    rp.add_argument("--notebooks", default=None, help="Folder of executed notebooks; default: <study_dir>/figures.")
+    rp.set_defaults(func=_cmd_report)
 
     au = sub.add_parser("audit", help="Reward audit: grade the initial model strict and flexible.")
     au.add_argument("--task", default="gsm8k")
