@@ -209,8 +209,6 @@ def build_parser() -> argparse.ArgumentParser:
     nbp = sub.add_parser("notebook-params", help="Rewrite the parameters cell of notebooks/10_train.ipynb from RunConfig.")
     nbp.add_argument("--check", action="store_true", help="Only check; exit 2 when the cell differs.")
     nbp.set_defaults(func=_cmd_notebook_params)
-    return 0
-
 
     rp = sub.add_parser("report", help="One self-contained HTML page from a study's executed analysis notebooks.")
     rp.add_argument("study_dir", help="A study directory analysed by `grpo-knobs analyze` (or results/h200-mini).")
