@@ -3,6 +3,7 @@
 Every shape below is taken from SGLang's source (python/sglang/...), and tests/test_sglang.py checks the
 requests it receives and the replies it sends against SGLang's own types wherever `sglang` imports:
 - `/health`: `srt/entrypoints/http_server.py::health_generate`: 503 while the server is starting, then 200.
+- `/server_info`: `http_server.py::server_info`, of which only `version` is read.
 - `/generate`: request `srt/managers/io_struct.py::GenerateReqInput` (contract: `api/v1/api_types.py::
   GenerateRequest`); a batch gets a list of `{"text", "output_ids", "meta_info"}`
   (`srt/managers/tokenizer_manager.py`, the `out_dict` and `meta_info` built per finished request, and
@@ -123,6 +124,8 @@ def make_handler(state: FakeState):
         def do_GET(self):
             if self.path in ("/health", "/health_generate"):
                 self._reply(503 if state.take("starting_left") else 200, None)
+            elif self.path == "/server_info":  # http_server.py::server_info: the launch settings plus these
+                self._reply(200, {"version": "fake", "frontend": "python", "weight_version": state.weight_version})
             elif self.path == "/fake/state":
                 self._reply(200, {"model_path": state.model_path, "weight_version": state.weight_version,
                                   "requests": state.requests, "pid": os.getpid()})

@@ -3,6 +3,7 @@ whose shapes are checked against SGLang's source, and the faults it must survive
 replies, aborted rows, a crashed server, a failed or lost weight update)."""
 
 import ast
+import dataclasses
 import importlib
 import importlib.util
 import os
@@ -14,9 +15,12 @@ import pytest
 import torch
 
 import sglang_fake
+from grpo_knobs.config import RunConfig
 from grpo_knobs.models import fetch_model, load_model
+from grpo_knobs.records import RunDir
 from grpo_knobs.rollout.sglang import (RetryPolicy, ServerSettings, SGLangEngine, default_base_gpu_id,
-                                       launch_command, split_server_args)
+                                       engine_options, launch_command, split_server_args)
+from grpo_knobs.trainer import train
 
 FAST = RetryPolicy(max_retries=2, backoff=0.01, backoff_max=0.05, max_restarts=1)
 INSTALL = "pip install --no-deps -r tests/sglang-api-requirements.txt"
@@ -70,7 +74,8 @@ def test_launch_command_parses_with_sglangs_parser():
     server_args = sglang_module("sglang.srt.server_args")
     parsed = server_args.prepare_server_args(launch_command(settings())[3:])
     assert (parsed.model_path, parsed.host, parsed.port) == ("/models/qwen", "127.0.0.1", 31234)
-    assert (parsed.mem_fraction_static, parsed.max_running_requests, parsed.cuda_graph_max_bs_decode) == (0.5, 256, 256)
+    assert (parsed.mem_fraction_static, parsed.max_running_requests) == (0.5, 256)
+    assert parsed.cuda_graph_max_bs_decode == 256
     assert (parsed.base_gpu_id, parsed.random_seed, parsed.enable_deterministic_inference) == (1, 7, True)
     assert (parsed.weight_version, parsed.log_level) == ("0", "warning")
     plain = server_args.prepare_server_args(launch_command(settings(random_seed=None, deterministic=False,
@@ -86,6 +91,7 @@ def test_launch_command_options():
     assert "--random-seed" not in cmd and "--enable-deterministic-inference" not in cmd
     assert cmd[cmd.index("--cuda-graph-max-bs-decode") + 1] == "256"
     assert launch_command(settings(cuda_graph_max_bs=64)).count("64") == 1
+    assert launch_command(settings(python="/envs/sglang/bin/python"))[0] == "/envs/sglang/bin/python"
     with pytest.raises(ValueError, match="--random-seed, which the engine sets"):
         split_server_args("--random-seed=3")
     # the fake server accepts exactly what the engine launches
@@ -99,6 +105,43 @@ def test_default_gpu_is_not_the_trainers():
     assert default_base_gpu_id("cuda:1", visible=4) == 0
     assert default_base_gpu_id("cuda:0", visible=1) == 0  # one GPU: shared, within mem_fraction
     assert default_base_gpu_id("cpu", visible=2) == 0
+
+
+def run_config(tmp_path, **kw) -> RunConfig:
+    base = dict(task="countdown-2x10", model="tiny-random", engine="sglang", rollout_batch_size=2,
+                n_samples_per_prompt=2, global_batch_size=4, response_budget=8, eval_every_responses=8,
+                eval_problems=2, max_new_tokens=4, seed=3, output_dir=str(tmp_path), run_id="sglang",
+                max_tokens_per_micro_batch=64, device="cpu", generation_batch_size=64)
+    return RunConfig(**(base | kw))
+
+
+def test_run_config_reaches_the_server_flags(tmp_path):
+    cfg = run_config(tmp_path, sglang_mem_fraction=0.4, sglang_base_gpu_id=2, sglang_deterministic=True,
+                     sglang_server_args="--log-level warning", sglang_max_retries=7, sglang_max_restarts=0)
+    options = engine_options(cfg)
+    cmd = launch_command(dataclasses.replace(options["server"], model_path="/m", port=1))
+    for flag, value in (("--mem-fraction-static", "0.4"), ("--base-gpu-id", "2"), ("--random-seed", "3"),
+                        ("--max-running-requests", "64"), ("--log-level", "warning")):
+        assert cmd[cmd.index(flag) + 1] == value
+    assert "--enable-deterministic-inference" in cmd
+    assert (options["retry"].max_retries, options["retry"].max_restarts) == (7, 0)
+    for bad, message in ((dict(sglang_server_args="--port 5"), "--port, which the engine sets"),
+                         (dict(sglang_server_args="--log-level 'warn"), "balance its quotes"),
+                         (dict(sglang_mem_fraction=1.0), "sglang_mem_fraction must lie in"),
+                         (dict(sglang_base_gpu_id=-1), "sglang_base_gpu_id must be"),
+                         (dict(sglang_max_retries=-1), "sglang_max_retries must be"),
+                         (dict(sglang_request_timeout=0), "sglang_request_timeout must be")):
+        with pytest.raises(ValueError, match=message):
+            run_config(tmp_path, **bad)
+
+
+def test_trainer_runs_on_the_fake_server(fake, tmp_path):
+    state, url = fake
+    run = RunDir(train(run_config(tmp_path, engine_url=url), progress=False))
+    assert len(run.collections()) == 2
+    paths = [p for p, _ in state.requests]
+    assert paths.count("/update_weights_from_disk") == 2 and "/flush_cache" not in paths
+    assert state.weight_version == "2"  # one versioned update per collection
 
 
 # ----------------------------------------------------------------------------- the fake against SGLang
@@ -145,7 +188,9 @@ def test_fake_speaks_sglangs_api(fake, tiny):
             api.GenerateRequest.from_json_value(body)  # SGLang's /generate contract check (400 on failure)
             for out in reply:
                 meta = out["meta_info"]
-                assert set(meta) <= set(api.GenerateMetaInfo.__struct_fields__), set(meta)
+                # keys tokenizer_manager.py emits that the contract of 0.5.20-0.5.22 does not list yet
+                emitted = {"weight_version", "cached_tokens", "reasoning_tokens"}
+                assert set(meta) <= set(api.GenerateMetaInfo.__struct_fields__) | emitted, set(meta)
                 decoded = api.GenerateResponse.from_json_value(out).meta_info
                 assert [e.token_id for e in decoded.output_token_logprobs] == out["output_ids"]
                 finishes.add(type(decoded.finish_reason).__name__)
@@ -175,6 +220,7 @@ def test_generate_and_update(fake, tiny):
     even = 0 if seeds[0] % 2 == 0 else 1
     assert gen.logprobs[even] == [-0.5, -1.0, -1.5] and torch.isnan(torch.tensor(gen.logprobs[1 - even][2]))
     assert engine.stats() == {"retries": 0, "restarts": 0, "weight_version": None}  # attached: not known yet
+    assert engine.server_version == "fake"
     engine.update_weights(model.state_dict())
     path, body = state.requests[-1]
     assert path == "/update_weights_from_disk" and body["weight_version"] == "1"  # no separate /flush_cache
@@ -289,14 +335,17 @@ def test_watchdog_gives_up_after_max_restarts(launched_fake, tiny, tmp_path, mon
 
 
 # ----------------------------------------------------------------------------- the real server
-@pytest.mark.skipif(sglang_source() is None or not torch.cuda.is_available(),
-                    reason="needs the sglang package with its CUDA dependencies (pip install -e '.[sglang]') and a GPU")
+SGLANG_PYTHON = os.environ.get("GRPO_KNOBS_SGLANG_PYTHON")  # an environment with SGLang and its CUDA torch
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not SGLANG_PYTHON,
+                    reason="needs a GPU and GRPO_KNOBS_SGLANG_PYTHON naming the Python of an SGLang environment")
 @pytest.mark.gpu
 def test_sglang_engine_smoke():
     model, tokenizer, _ = load_model("smollm2-135m-instruct", dtype=torch.bfloat16)
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True,
                                            tokenize=True, return_dict=True)["input_ids"]
-    server = ServerSettings(random_seed=0, deterministic=True)
+    server = ServerSettings(random_seed=0, deterministic=True, python=SGLANG_PYTHON)
     with SGLangEngine(fetch_model("smollm2-135m-instruct"), tokenizer=tokenizer, server=server) as engine:
         gen = engine.generate([prompt, prompt[:-3]], n=2, max_new_tokens=16, temperature=1.0, seed=0)
         assert gen.prompt_index == [0, 0, 1, 1] and len(gen.logprobs[0]) == len(gen.token_ids[0])
@@ -309,3 +358,9 @@ def test_sglang_engine_smoke():
         engine.update_weights({k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()})
         assert engine.generate([prompt], n=1, max_new_tokens=16, temperature=0, seed=0).token_ids != greedy.token_ids
         assert engine.stats()["weight_version"] == "1"
+
+
+def test_missing_server_python_is_one_line(tiny, tmp_path):
+    server = ServerSettings(python=str(tmp_path / "no-such-python"))
+    with pytest.raises(ValueError, match="set sglang_python to the Python of an environment where SGLang"):
+        SGLangEngine(fetch_model("tiny-random"), tokenizer=tiny[1], server=server, log_path=tmp_path / "log")

@@ -47,8 +47,8 @@ import torch
 
 from .base import Generation, RolloutEngine, cut_at_stop, repeat_prompts
 
-# The SGLang releases this client was checked against (the `sglang` extra in pyproject.toml pins the same).
-SGLANG_TESTED = ">=0.5.20,<0.6"
+# The SGLang releases whose launch flags and HTTP shapes this client was checked against (README, "SGLang").
+SGLANG_TESTED = ">=0.5.20,<=0.5.23"
 # Flags `launch_command` sets from the settings; extra arguments may not repeat them.
 OWN_FLAGS = ("--model-path", "--host", "--port", "--mem-fraction-static", "--max-running-requests",
              "--cuda-graph-max-bs-decode", "--base-gpu-id", "--random-seed", "--weight-version",
@@ -72,11 +72,16 @@ class ServerSettings:
     weight_version: str = "0"  # echoed in every response's meta_info until the first weight update
     extra_args: tuple[str, ...] = ()  # further server flags, passed through after the ones above
     module: str = "sglang.launch_server"  # entry module run with `python -m`
+    python: str | None = None  # interpreter of an environment with SGLang; None: this one
 
 
 def split_server_args(extra: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
     """Extra server flags as argv, refusing the flags the engine sets itself."""
-    args = tuple(shlex.split(extra)) if isinstance(extra, str) else tuple(map(str, extra))
+    try:
+        args = tuple(shlex.split(extra)) if isinstance(extra, str) else tuple(map(str, extra))
+    except ValueError as e:
+        raise ValueError(f"sglang_server_args {extra!r} is not a shell-quoted list of flags ({e}); "
+                         f"balance its quotes.") from None
     for arg in args:
         flag = arg.split("=", 1)[0]
         if flag in OWN_FLAGS:
@@ -85,9 +90,9 @@ def split_server_args(extra: str | list[str] | tuple[str, ...]) -> tuple[str, ..
     return args
 
 
-def launch_command(s: ServerSettings, python: str = sys.executable) -> list[str]:
+def launch_command(s: ServerSettings) -> list[str]:
     """The argv that starts the server: the one place its flags are spelled."""
-    cmd = [python, "-m", s.module, "--model-path", str(s.model_path), "--host", s.host, "--port", str(s.port),
+    cmd = [s.python or sys.executable, "-m", s.module, "--model-path", str(s.model_path), "--host", s.host, "--port", str(s.port),
            "--mem-fraction-static", str(s.mem_fraction), "--max-running-requests", str(s.max_running_requests),
            "--cuda-graph-max-bs-decode", str(s.cuda_graph_max_bs or s.max_running_requests),
            "--weight-version", s.weight_version]
@@ -121,6 +126,17 @@ class RetryPolicy:
 
     def delay(self, attempt: int) -> float:
         return min(self.backoff_max, self.backoff * 2**attempt)
+
+
+def engine_options(cfg) -> dict:
+    """SGLangEngine keyword arguments from a RunConfig's `sglang_*` fields, its seed and concurrency cap."""
+    server = ServerSettings(mem_fraction=cfg.sglang_mem_fraction, max_running_requests=cfg.generation_batch_size,
+                            base_gpu_id=cfg.sglang_base_gpu_id, random_seed=cfg.seed,
+                            deterministic=cfg.sglang_deterministic,
+                            extra_args=split_server_args(cfg.sglang_server_args), python=cfg.sglang_python)
+    retry = RetryPolicy(max_retries=cfg.sglang_max_retries, max_restarts=cfg.sglang_max_restarts)
+    return {"url": cfg.engine_url, "server": server, "retry": retry, "request_timeout": cfg.sglang_request_timeout,
+            "startup_timeout": cfg.sglang_startup_timeout}
 
 
 class TransientError(RuntimeError):
@@ -188,6 +204,15 @@ class SGLangEngine(RolloutEngine):
         self._wait_healthy(startup_timeout)
         self.tokenizer = tokenizer or self._load_tokenizer()
         self.stop_ids = self._stop_ids()
+        self.server_version = self._server_version()
+
+    def _server_version(self) -> str | None:
+        """SGLang's version as the server reports it (`/server_info`), for the run's records."""
+        try:
+            with urllib.request.urlopen(self.url + "/server_info", timeout=30) as resp:
+                return json.loads(resp.read()).get("version")
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError, AttributeError):
+            return None
 
     def _settings(self, server: ServerSettings | None, trainer_device) -> ServerSettings:
         s = server or ServerSettings()
@@ -214,9 +239,12 @@ class SGLangEngine(RolloutEngine):
     # -- server process --------------------------------------------------------------------------
     def _start(self, settings: ServerSettings) -> None:
         self.log = open(self.log_path, "a")
-        # own process group: stopping it ends the server and any workers it spawned, nothing else
-        self.proc = subprocess.Popen(launch_command(settings), stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        cmd = launch_command(settings)
+        try:  # own process group: stopping it ends the server and any workers it spawned, nothing else
+            self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as e:
+            raise ValueError(f"cannot start the SGLang server with {cmd[0]} ({e.strerror}); set sglang_python to "
+                             f"the Python of an environment where SGLang is installed") from None
 
     def _stop(self) -> None:
         if self.proc is None:
