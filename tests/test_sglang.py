@@ -364,3 +364,10 @@ def test_missing_server_python_is_one_line(tiny, tmp_path):
     server = ServerSettings(python=str(tmp_path / "no-such-python"))
     with pytest.raises(ValueError, match="set sglang_python to the Python of an environment where SGLang"):
         SGLangEngine(fetch_model("tiny-random"), tokenizer=tiny[1], server=server, log_path=tmp_path / "log")
+
+
+def test_server_that_cannot_start_names_its_log(tiny, tmp_path):
+    server = ServerSettings(module="no_such_sglang_module")
+    with pytest.raises(RuntimeError, match=r"(?s)exited with code 1 before becoming healthy.*No module named no_such_sglang_module"):
+        SGLangEngine(fetch_model("tiny-random"), tokenizer=tiny[1], server=server, startup_timeout=60,
+                     log_path=tmp_path / "log")

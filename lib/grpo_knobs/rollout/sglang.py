@@ -243,6 +243,8 @@ class SGLangEngine(RolloutEngine):
         try:  # own process group: stopping it ends the server and any workers it spawned, nothing else
             self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as e:
+            self.log.close()
+            self.log = None
             raise ValueError(f"cannot start the SGLang server with {cmd[0]} ({e.strerror}); set sglang_python to "
                              f"the Python of an environment where SGLang is installed") from None
 
@@ -290,7 +292,8 @@ class SGLangEngine(RolloutEngine):
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"SGLang server exited with code {self.proc.returncode} before becoming healthy; "
-                                   f"see {self.log_path}{self._log_tail()}")
+                                   f"its log {self.log_path} says why (no SGLang for {self.proc.args[0]}? set "
+                                   f"sglang_python){self._log_tail()}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
                     if resp.status == 200:
