@@ -9,6 +9,8 @@ Faults are bounded: a request that meets HTTP 502/503/504, a reset or refused co
 sent again after an exponentially growing wait (at most `RetryPolicy.max_retries` times); responses that
 SGLang aborted without an error status are re-sent alone; a launched server that died is started again
 from the latest weights (at most `RetryPolicy.max_restarts` times). `SGLangEngine.stats()` counts both.
+A request given up after a timeout does not keep the server busy: SGLang aborts requests whose client
+disconnected (`TokenizerManager._wait_one_response`).
 
 Reproducibility on SGLang:
 - The server's own RNG is seeded with `--random-seed` (the run seed), but by default SGLang samples on the
