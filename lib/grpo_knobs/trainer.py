@@ -169,8 +169,7 @@ class Trainer:
                 engine_kw.update(max_batch_size=cfg.generation_batch_size,
                                  fast={"auto": "auto", "on": True, "off": False, "fused": "fused"}[cfg.fast_rollout])
             else:
-                from .rollout.sglang import engine_options
-                engine_kw.update(engine_options(cfg))
+                engine_kw.update(url=cfg.engine_url)
             self.engine = make_engine(cfg.engine, self.model, self.tokenizer, **engine_kw)
             self.sampler = PromptSampler(len(self.train_pool), cfg.seed)
             self._prompt_cache: dict[int, list[int]] = {}
