@@ -1,13 +1,7 @@
 """Rollout engines on CPU: the eager generate path, the static-cache fast path, and their agreement."""
 
 import copy
-import http.server
-import importlib.util
-import json
-import math
 import os
-import threading
-from pathlib import Path
 
 import pytest
 import torch
@@ -279,95 +273,3 @@ def test_smollm2_smoke():
     assert "5" in gen.texts[0]
     assert all(t.strip() for t in gen.texts)
     assert gen.finish_reasons[0] == "stop" and gen.token_ids[0][-1] == tokenizer.eos_token_id
-
-
-class FakeSGLang(http.server.BaseHTTPRequestHandler):
-    """Answers like SGLang's native API: row i gets tokens 100+i, 101+i, then EOS (listed in the log-probs
-    for even rows, only as finish_reason.matched for odd rows) or, for rows with input [9], runs to length."""
-
-    requests = []
-
-    def do_GET(self):
-        self.send_response(200 if self.path == "/health" else 404)
-        self.end_headers()
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        FakeSGLang.requests.append((self.path, body))
-        if self.path == "/generate":
-            reply = []
-            for i, ids in enumerate(body["input_ids"]):
-                tokens = [100 + i, 101 + i]
-                if ids == [9]:
-                    reason = {"type": "length", "length": 2}
-                elif i % 2 == 0:
-                    tokens.append(2)
-                    reason = {"type": "stop", "matched": 2}
-                else:
-                    reason = {"type": "stop", "matched": 2}
-                pairs = [[-0.5 * (j + 1), t, None] for j, t in enumerate(tokens)]
-                reply.append({"text": "", "meta_info": {"finish_reason": reason, "output_token_logprobs": pairs}})
-        else:
-            reply = {"success": True, "message": "ok"}
-        data = json.dumps(reply).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
-
-
-def test_sglang_client_against_fake_server(tiny, tmp_path):
-    from grpo_knobs.models import fetch_model
-    from grpo_knobs.rollout.sglang import SGLangEngine
-
-    model, tokenizer = tiny
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeSGLang)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        engine = SGLangEngine(fetch_model("tiny-random"), url=f"http://127.0.0.1:{server.server_port}",
-                              launch=False, tokenizer=tokenizer)
-        gen = engine.generate([[5, 6], [9]], n=2, max_new_tokens=2, temperature=1.0, seed=4)
-        path, body = FakeSGLang.requests[-1]
-        assert path == "/generate" and body["input_ids"] == [[5, 6], [5, 6], [9], [9]] and body["return_logprob"]
-        seeds = [sp["sampling_seed"] for sp in body["sampling_params"]]
-        assert len(set(seeds)) == 4
-        assert all(sp["top_k"] == -1 and sp["top_p"] == 1.0 and sp["stop_token_ids"] == [2]
-                   for sp in body["sampling_params"])
-        assert gen.prompt_index == [0, 0, 1, 1]
-        assert gen.token_ids[:2] == [[100, 101, 2], [101, 102, 2]]  # EOS kept, also when only "matched"
-        assert gen.finish_reasons == ["stop", "stop", "length", "length"]
-        assert gen.logprobs[0] == [-0.5, -1.0, -1.5] and math.isnan(gen.logprobs[1][2])
-        engine.update_weights(model.state_dict())
-        paths = [p for p, _ in FakeSGLang.requests[-2:]]
-        assert paths == ["/update_weights_from_disk", "/flush_cache"]
-        weights = Path(FakeSGLang.requests[-2][1]["model_path"])
-        assert (weights / "model.safetensors").is_file() and (weights / "config.json").is_file()
-        engine.close()
-        assert not weights.exists()
-    finally:
-        server.shutdown()
-
-
-@pytest.mark.skipif(importlib.util.find_spec("sglang") is None or not torch.cuda.is_available(),
-                    reason="needs the sglang package and a CUDA GPU")
-@pytest.mark.gpu
-def test_sglang_engine_smoke():
-    from grpo_knobs.models import fetch_model
-    from grpo_knobs.rollout.sglang import SGLangEngine
-
-    model, tokenizer, _ = load_model("smollm2-135m-instruct", dtype=torch.bfloat16)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True,
-                                           tokenize=True, return_dict=True)["input_ids"]
-    with SGLangEngine(fetch_model("smollm2-135m-instruct"), tokenizer=tokenizer) as engine:
-        gen = engine.generate([prompt, prompt[:-3]], n=2, max_new_tokens=16, temperature=1.0, seed=0)
-        assert gen.prompt_index == [0, 0, 1, 1] and len(gen.logprobs[0]) == len(gen.token_ids[0])
-        for tokens, reason in zip(gen.token_ids, gen.finish_reasons):
-            assert (reason == "stop") == (tokens[-1] == tokenizer.eos_token_id)
-        greedy = engine.generate([prompt], n=1, max_new_tokens=16, temperature=0, seed=0)
-        assert "5" in greedy.texts[0]
-        engine.update_weights({k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()})
-        assert engine.generate([prompt], n=1, max_new_tokens=16, temperature=0, seed=0).token_ids != greedy.token_ids

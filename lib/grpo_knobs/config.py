@@ -71,6 +71,25 @@ class RunConfig:
         "help": "hf engine decode path: on (static cache, CUDA graphs on GPU), fused (on, plus the Triton "
                 "decode kernels), off (model.generate), or auto: fused on GPU where the model allows, else on; off on CPU."})
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda[:n]."})
+    # --- SGLang server (engine=sglang; grpo_knobs.rollout.sglang); the run seed becomes its --random-seed
+    sglang_mem_fraction: float = field(default=0.65, metadata={
+        "help": "sglang: GPU memory share for weights and KV cache (--mem-fraction-static)."})
+    sglang_base_gpu_id: int | None = field(default=None, metadata={
+        "help": "sglang: first server GPU (--base-gpu-id); None: not the trainer's where two are visible."})
+    sglang_deterministic: bool = field(default=False, metadata={
+        "help": "sglang: --enable-deterministic-inference, so per-response seeds reproduce samples (slower)."})
+    sglang_server_args: str = field(default="", metadata={
+        "help": "sglang: further server flags, shell-quoted (e.g. '--attention-backend fa3')."})
+    sglang_max_retries: int = field(default=5, metadata={
+        "help": "sglang: re-sends of a request after a 503, a dropped connection, a timeout or an abort."})
+    sglang_max_restarts: int = field(default=2, metadata={
+        "help": "sglang: restarts of a launched server that died, per run."})
+    sglang_request_timeout: float = field(default=3600.0, metadata={
+        "help": "sglang: seconds one request may take before it is re-sent."})
+    sglang_startup_timeout: float = field(default=900.0, metadata={
+        "help": "sglang: seconds the server may take to become healthy."})
+    sglang_python: str | None = field(default=None, metadata={
+        "help": "sglang: Python of the environment SGLang is installed in (it pins its own torch); None: this one."})
     # --- records
     output_dir: str = field(default="runs/adhoc", metadata={"help": "Study directory; the run lives in output_dir/run_id."})
     run_id: str = field(default="", metadata={"help": "Run directory name; derived from the arm, task and seed when empty."})
@@ -148,6 +167,22 @@ class RunConfig:
             raise ValueError(f"run_id {self.run_id!r} must be letters, digits, '.', '_' or '-' (at most 128).")
         if self.resume_every_collections < 0:
             raise ValueError(f"resume_every_collections must be >= 0, got {self.resume_every_collections}.")
+        # SGLang server settings
+        if not 0.0 < self.sglang_mem_fraction < 1.0:
+            raise ValueError(f"sglang_mem_fraction must lie in (0, 1), got {self.sglang_mem_fraction}.")
+        gpu = self.sglang_base_gpu_id
+        if gpu is not None and (not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0):
+            raise ValueError(f"sglang_base_gpu_id must be a GPU number >= 0 or None (pick one), got {gpu!r}.")
+        for name in ("sglang_max_retries", "sglang_max_restarts"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {v!r}.")
+        for name in ("sglang_request_timeout", "sglang_startup_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {getattr(self, name)!r}.")
+        if self.sglang_server_args:
+            from .rollout.sglang import split_server_args
+            split_server_args(self.sglang_server_args)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

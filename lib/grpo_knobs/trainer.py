@@ -238,7 +238,9 @@ class Trainer:
                 fast = {"auto": "auto", "on": True, "off": False, "fused": "fused"}[cfg.fast_rollout]
                 engine_kw.update(max_batch_size=cfg.generation_batch_size, fast=fast)
             else:
-                engine_kw.update(url=cfg.engine_url)
+                from .rollout.sglang import engine_options
+
+                engine_kw.update(engine_options(cfg))
             self.engine = make_engine(cfg.engine, self.model, self.tokenizer, **engine_kw)
             self.sampler = PromptSampler(len(self.train_pool), cfg.seed)
             self._prompt_cache: dict[int, list[int]] = {}
@@ -405,6 +407,7 @@ class Trainer:
             "active_seconds": self.clock.active,
             "job_seconds": self.clock.job,
             "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if self.device.type == "cuda" else None,
+            "engine": self.engine.stats(),  # SGLang: re-sent requests, server restarts, weight version (cumulative)
         }
         self.run.append_collection(row)
         self.run.append_samples(sample_rows(batch, self.train_pool, counters["responses"]))
@@ -432,6 +435,7 @@ class Trainer:
             "device": str(self.device),
             "gpu": torch.cuda.get_device_name(0) if self.device.type == "cuda" else None,
             "rollout_path": getattr(self.engine, "path", cfg.engine),
+            "engine_version": getattr(self.engine, "server_version", None),
             "packages": package_versions(),
             "git_commit": git_commit(),
             "source_sha256": source_sha256(),

@@ -8,8 +8,8 @@ ENGINES = ("hf", "hf-eager", "hf-fast", "sglang")
 def make_engine(name: str, model, tokenizer, **kw) -> RolloutEngine:
     """Build an engine by name: "hf" (fast path where supported), "hf-eager", "hf-fast", "sglang".
 
-    SGLang loads weights from disk: it takes `model_path` (default: the folder `model` was loaded from)
-    and ignores `device`, since the server places itself.
+    SGLang loads weights from disk: it takes `model_path` (default: the folder `model` was loaded from),
+    and `device` is the trainer's, which the server avoids where another GPU is visible.
     """
     if name in ("hf", "hf-eager", "hf-fast"):
         from .hf import HFEngine
@@ -21,9 +21,9 @@ def make_engine(name: str, model, tokenizer, **kw) -> RolloutEngine:
     if name == "sglang":
         from .sglang import SGLangEngine
 
-        kw.pop("device", None)  # the server picks its own GPU
+        trainer_device = kw.pop("device", None)
         model_path = kw.pop("model_path", None) or getattr(model, "name_or_path", None)
-        return SGLangEngine(model_path, tokenizer=tokenizer, **kw)
+        return SGLangEngine(model_path, tokenizer=tokenizer, trainer_device=trainer_device, **kw)
     raise ValueError(f"unknown rollout engine {name!r}; choose one of {', '.join(ENGINES)}")
 
 

@@ -64,5 +64,9 @@ class RolloutEngine(ABC):
     def update_weights(self, state_dict) -> None:
         """Copy trainer weights into the generator, in place."""
 
+    def stats(self) -> dict:
+        """Counters worth a line in collections.jsonl (SGLang: re-sent requests, server restarts); cumulative."""
+        return {}
+
     def close(self) -> None:
         """Release processes or memory held by the engine."""
