@@ -51,6 +51,8 @@ missing, so the notebooks skip a table or figure instead of failing.
 """
 
 from grpo_knobs.analysis.confirmation import (
+    INTERVAL_MEANINGS,
+    comparison_side_by_side,
     confirmation_run_table,
     default_comparisons,
     format_comparisons,
@@ -58,6 +60,8 @@ from grpo_knobs.analysis.confirmation import (
     paired_job_times,
     phase_cost_table,
     recipe_test_scores,
+    seed_count_change,
+    seed_level_comparisons,
     truncation_range,
     truncation_table,
 )
@@ -144,6 +148,7 @@ __all__ = [
     # confirmation
     "confirmation_run_table", "default_comparisons", "format_comparisons", "paired_comparisons", "paired_job_times",
     "phase_cost_table", "recipe_test_scores", "truncation_range", "truncation_table",
+    "INTERVAL_MEANINGS", "comparison_side_by_side", "seed_count_change", "seed_level_comparisons",
     # time_to_target
     "time_to_target_summary", "time_to_target_table",
     # group_size

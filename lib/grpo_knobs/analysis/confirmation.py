@@ -146,3 +146,110 @@ def truncation_table(runs: pd.DataFrame, labels: Sequence[str] | None = None) ->
 def truncation_range(table: pd.DataFrame) -> pd.DataFrame:
     """Per task: min and max terminal-test truncation % across runs."""
     return table.groupby("task", sort=False)["test_truncation_pct"].agg(["min", "max", "count"]).reset_index()
+
+
+def _unpaired_test_scores(runs: pd.DataFrame, tests: pd.DataFrame, task: str, x: str, y: str,
+                          max_seeds: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Test scores [seeds, problems] of ``x`` and ``y`` on the same problem columns; with
+    ``max_seeds`` only each recipe's lowest-numbered seeds."""
+    a, seeds_a, ids_a = recipe_test_scores(tests, runs, x, task)
+    b, seeds_b, ids_b = recipe_test_scores(tests, runs, y, task)
+    if ids_a != ids_b:
+        raise ValueError(f"{x!r} and {y!r} on {task} graded different test problems")
+    if max_seeds is not None:
+        a, b = a[np.argsort(seeds_a)[:max_seeds]], b[np.argsort(seeds_b)[:max_seeds]]
+    return a, b
+
+
+def seed_level_comparisons(runs: pd.DataFrame, tests: pd.DataFrame, task: str,
+                           pairs: Sequence[tuple[str, str]], n_resamples: int = 10_000, seed: int = 0,
+                           confidence: float = 0.95, max_seeds: int | None = None) -> pd.DataFrame:
+    """Test-accuracy differences ``x - y`` with the trained model as the unit, per pair.
+
+    Three views of the same difference: the two-level bootstrap
+    (:func:`stats.hierarchical_bootstrap`, seeds then problems), the exact
+    one-sided permutation test over the per-seed means
+    (:func:`stats.seed_permutation_test`, H1: ``x`` is better) and Welch's t
+    interval on the per-seed means (NaN with fewer than two seeds). Seeds are
+    not paired, so the recipes may have different seed counts; ``max_seeds``
+    keeps each recipe's lowest-numbered seeds.
+    """
+    rows = []
+    for x, y in pairs:
+        a, b = _unpaired_test_scores(runs, tests, task, x, y, max_seeds)  # [seeds_x, problems], [seeds_y, problems]
+        boot = stats.hierarchical_bootstrap(a, b, n_resamples=n_resamples, seed=seed, confidence=confidence)
+        perm = stats.seed_permutation_test(a, b, alternative="greater")
+        welch = (stats.seed_welch_interval(a, b, confidence) if min(len(a), len(b)) >= 2 else None)
+        rows.append({
+            "task": task, "comparison": f"{x} versus {y}", "n_seeds_x": len(a), "n_seeds_y": len(b),
+            "n_problems": a.shape[1], "mean_pp": boot.mean_diff_pp,
+            "hier_low_pp": boot.ci_low_pp, "hier_high_pp": boot.ci_high_pp,
+            "perm_p_greater": perm.p_value, "n_relabellings": perm.n_relabellings,
+            "welch_low_pp": welch.ci_low_pp if welch else np.nan,
+            "welch_high_pp": welch.ci_high_pp if welch else np.nan,
+            "welch_p_two_sided": welch.p_value if welch else np.nan,
+        })
+    return pd.DataFrame(rows)
+
+
+def comparison_side_by_side(conditional: pd.DataFrame, seed_level: pd.DataFrame,
+                            confidence: float = 0.95) -> pd.DataFrame:
+    """The conditional (problem-bootstrap) and seed-level intervals of each comparison, one row each.
+
+    ``conditional`` comes from :func:`paired_comparisons`, ``seed_level`` from
+    :func:`seed_level_comparisons`; a comparison missing from ``conditional``
+    (seeds not paired) shows n/a there.
+    """
+    level = round(100 * confidence)
+    cond = conditional.set_index("comparison") if len(conditional) else pd.DataFrame()
+    rows = []
+    for r in seed_level.itertuples():
+        has_cond = r.comparison in cond.index
+        rows.append({
+            "Comparison": r.comparison,
+            "Seeds x / y": f"{r.n_seeds_x} / {r.n_seeds_y}", "Problems": r.n_problems,
+            "Mean pp": f"{r.mean_pp:+.2f}",
+            f"Conditional {level}% (problems)": (
+                f"[{cond.at[r.comparison, 'ci_low_pp']:+.2f}, {cond.at[r.comparison, 'ci_high_pp']:+.2f}]"
+                if has_cond else "n/a (seeds not paired)"),
+            f"Seed-level {level}% (seeds, then problems)": f"[{r.hier_low_pp:+.2f}, {r.hier_high_pp:+.2f}]",
+            "Permutation p (one-sided)": f"{r.perm_p_greater:.3f} (of {r.n_relabellings})",
+            f"Welch {level}%": ("n/a" if np.isnan(r.welch_low_pp)
+                                else f"[{r.welch_low_pp:+.2f}, {r.welch_high_pp:+.2f}], p={r.welch_p_two_sided:.2f}"),
+        })
+    return pd.DataFrame(rows)
+
+
+INTERVAL_MEANINGS = {
+    "conditional": ("Conditional interval: how much the difference between these particular trained models "
+                    "could move if they were graded on another draw of test problems of the same kind."),
+    "hierarchical": ("Seed-level interval: how much the difference between the recipes could move with other "
+                     "training seeds and other test problems; seeds are resampled per recipe, not paired."),
+    "permutation": ("Permutation p: the share of all ways to relabel the trained models between the two recipes "
+                    "that give a difference in seed-mean accuracy at least as large as the observed one."),
+    "welch": ("Welch interval: a t interval that treats each trained model's test accuracy as one observation; "
+              "with three seeds per recipe it has about two degrees of freedom and is wide."),
+}
+
+
+def seed_count_change(runs: pd.DataFrame, tests: pd.DataFrame, task: str, pairs: Sequence[tuple[str, str]],
+                      first: int = 3, n_resamples: int = 10_000, seed: int = 0,
+                      confidence: float = 0.95) -> pd.DataFrame:
+    """The seed-level comparison on each recipe's first ``first`` seeds and on all its seeds.
+
+    Only pairs where a recipe has more than ``first`` tested seeds appear (an
+    empty frame when none has). Column ``seeds`` says which rows are which.
+    """
+    task_runs = runs[runs["task"] == task]
+    tested = tests.merge(task_runs[["run_id", "label", "seed"]], on="run_id")
+    counts = tested.groupby("label")["seed"].nunique()
+    grown = [(x, y) for x, y in pairs if max(counts.get(x, 0), counts.get(y, 0)) > first]
+    if not grown:
+        return pd.DataFrame()
+    few = seed_level_comparisons(runs, tests, task, grown, n_resamples, seed, confidence, max_seeds=first)
+    every = seed_level_comparisons(runs, tests, task, grown, n_resamples, seed, confidence)
+    table = pd.concat([few.assign(seeds=f"first {first}"), every.assign(seeds="all")], ignore_index=True)
+    order = {c: i for i, c in enumerate(every["comparison"])}
+    table = table.sort_values(["comparison", "seeds"], key=lambda s: s.map(order) if s.name == "comparison" else
+                              s.map(lambda v: 0 if v.startswith("first") else 1), ignore_index=True)
+    return table[["task", "comparison", "seeds", *[c for c in every.columns if c not in ("task", "comparison")]]]
