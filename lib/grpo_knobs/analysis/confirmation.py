@@ -192,6 +192,46 @@ def seed_level_comparisons(runs: pd.DataFrame, tests: pd.DataFrame, task: str,
     return pd.DataFrame(rows)
 
 
+def tested_seeds(runs: pd.DataFrame, tests: pd.DataFrame, task: str) -> dict[str, list[int]]:
+    """Seeds with terminal test rows, per recipe label of ``task``."""
+    tested = tests.merge(runs[runs["task"] == task][["run_id", "label", "seed"]], on="run_id")
+    return {label: sorted(int(s) for s in set(g)) for label, g in tested.groupby("label")["seed"]}
+
+
+def tested_pairs(runs: pd.DataFrame, tests: pd.DataFrame, task: str,
+                 pairs: Sequence[tuple[str, str]]) -> tuple[list[tuple[str, str]], list[str]]:
+    """The pairs :func:`seed_level_comparisons` can compare (both recipes have test rows; their
+    seeds may differ), and a note per pair it cannot."""
+    seeds = tested_seeds(runs, tests, task)
+    ok, notes = [], []
+    for x, y in pairs:
+        missing = [lab for lab in (x, y) if lab not in seeds]
+        if missing:
+            notes.append(f"{task}: {x} versus {y}: no terminal test rows for {', '.join(missing)}")
+        else:
+            ok.append((x, y))
+    return ok, notes
+
+
+def format_seed_level(table: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
+    """Display strings of :func:`seed_level_comparisons` rows (and its ``seeds`` column if present)."""
+    level = round(100 * confidence)
+    shown = pd.DataFrame({"Comparison": table["comparison"]})
+    if "seeds" in table:
+        shown["Seeds used"] = table["seeds"]
+    shown["Seeds x / y"] = [f"{x} / {y}" for x, y in zip(table["n_seeds_x"], table["n_seeds_y"])]
+    shown["Problems"] = table["n_problems"].astype(int)
+    shown["Mean pp"] = table["mean_pp"].map(lambda v: f"{v:+.2f}")
+    shown[f"Seed-level {level}% (seeds, then problems)"] = [
+        f"[{lo:+.2f}, {hi:+.2f}]" for lo, hi in zip(table["hier_low_pp"], table["hier_high_pp"])]
+    shown["Permutation p (one-sided)"] = [f"{p:.3f} (of {n})" for p, n in
+                                          zip(table["perm_p_greater"], table["n_relabellings"])]
+    shown[f"Welch {level}%"] = [
+        "n/a" if np.isnan(lo) else f"[{lo:+.2f}, {hi:+.2f}], p={p:.2f}"
+        for lo, hi, p in zip(table["welch_low_pp"], table["welch_high_pp"], table["welch_p_two_sided"])]
+    return shown.reset_index(drop=True)
+
+
 def comparison_side_by_side(conditional: pd.DataFrame, seed_level: pd.DataFrame,
                             confidence: float = 0.95) -> pd.DataFrame:
     """The conditional (problem-bootstrap) and seed-level intervals of each comparison, one row each.
@@ -201,23 +241,12 @@ def comparison_side_by_side(conditional: pd.DataFrame, seed_level: pd.DataFrame,
     (seeds not paired) shows n/a there.
     """
     level = round(100 * confidence)
-    cond = conditional.set_index("comparison") if len(conditional) else pd.DataFrame()
-    rows = []
-    for r in seed_level.itertuples():
-        has_cond = r.comparison in cond.index
-        rows.append({
-            "Comparison": r.comparison,
-            "Seeds x / y": f"{r.n_seeds_x} / {r.n_seeds_y}", "Problems": r.n_problems,
-            "Mean pp": f"{r.mean_pp:+.2f}",
-            f"Conditional {level}% (problems)": (
-                f"[{cond.at[r.comparison, 'ci_low_pp']:+.2f}, {cond.at[r.comparison, 'ci_high_pp']:+.2f}]"
-                if has_cond else "n/a (seeds not paired)"),
-            f"Seed-level {level}% (seeds, then problems)": f"[{r.hier_low_pp:+.2f}, {r.hier_high_pp:+.2f}]",
-            "Permutation p (one-sided)": f"{r.perm_p_greater:.3f} (of {r.n_relabellings})",
-            f"Welch {level}%": ("n/a" if np.isnan(r.welch_low_pp)
-                                else f"[{r.welch_low_pp:+.2f}, {r.welch_high_pp:+.2f}], p={r.welch_p_two_sided:.2f}"),
-        })
-    return pd.DataFrame(rows)
+    shown = format_seed_level(seed_level, confidence)
+    cond = conditional.set_index("comparison") if len(conditional) else pd.DataFrame(columns=["ci_low_pp"])
+    column = [f"[{cond.at[c, 'ci_low_pp']:+.2f}, {cond.at[c, 'ci_high_pp']:+.2f}]" if c in cond.index
+              else "n/a (seeds not paired)" for c in seed_level["comparison"]]
+    shown.insert(4, f"Conditional {level}% (problems)", column)
+    return shown
 
 
 INTERVAL_MEANINGS = {
