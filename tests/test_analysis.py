@@ -669,7 +669,7 @@ def _run_notebook_inprocess(name: str, **params) -> None:
 
 
 ANALYSIS_NOTEBOOKS = ("50_learning_curves", "51_confirmation", "52_time_to_target", "53_group_size",
-                      "54_reward_audit", "55_screening", "56_critical_batch")
+                      "54_reward_audit", "55_screening", "56_critical_batch", "57_categories")
 
 
 def test_every_notebook_runs_on_incomplete_studies(tmp_path, monkeypatch, capsys):
@@ -716,3 +716,177 @@ def test_recipe_colors_stay_distinct_past_ten_recipes():
     for n in (3, 10, 11, 20):
         colors = plots.label_colors([f"arm-{i}" for i in range(n)])
         assert len(set(colors.values())) == n
+
+
+# --- seed-level comparisons -------------------------------------------------
+def _with_extra_seed(study: an.Study, task: str, label: str, source_seed: int, new_seed: int):
+    """runs and tests of ``study`` with a copy of one run of ``label`` under another seed number."""
+    runs = _runs(study, task)
+    row = runs[(runs["label"] == label) & (runs["seed"] == source_seed)].copy()
+    new_id = row["run_id"].iloc[0] + f"-copy{new_seed}"
+    extra_tests = study.tests[study.tests["run_id"] == row["run_id"].iloc[0]].assign(run_id=new_id)
+    runs = pd.concat([runs, row.assign(run_id=new_id, seed=new_seed)], ignore_index=True)
+    return runs, pd.concat([study.tests, extra_tests], ignore_index=True)
+
+
+def test_seed_level_comparisons_on_fixture(study):
+    from grpo_knobs import stats
+
+    runs = _runs(study, "countdown")
+    labels = an.recipe_order(runs, "countdown", study.selection)
+    pairs = an.default_comparisons(labels)
+    table = an.seed_level_comparisons(runs, study.tests, "countdown", pairs, n_resamples=2_000)
+    a, _, _ = an.recipe_test_scores(study.tests, runs, pairs[0][0], "countdown")
+    b, _, _ = an.recipe_test_scores(study.tests, runs, pairs[0][1], "countdown")
+    boot = stats.hierarchical_bootstrap(a, b, n_resamples=2_000)
+    first = table.iloc[0]
+    assert (first["hier_low_pp"], first["hier_high_pp"]) == (boot.ci_low_pp, boot.ci_high_pp)
+    assert first["perm_p_greater"] == stats.seed_permutation_test(a, b).p_value
+    assert first["welch_low_pp"] == pytest.approx(stats.seed_welch_interval(a, b).ci_low_pp)
+    assert list(table[["n_seeds_x", "n_seeds_y", "n_problems"]].iloc[0]) == [3, 3, 96]
+    side = an.comparison_side_by_side(an.paired_comparisons(runs, study.tests, "countdown", pairs, 2_000), table)
+    assert list(side.columns[:5]) == ["Comparison", "Seeds x / y", "Problems", "Mean pp", "Conditional 95% (problems)"]
+    assert side["Permutation p (one-sided)"].iloc[0].endswith("(of 20)")
+
+
+def test_seed_level_comparisons_take_unpaired_seed_counts_and_report_the_change(study):
+    runs, tests = _with_extra_seed(study, "countdown", "Large one-update batch", 1, 4)
+    labels = an.recipe_order(runs, "countdown", study.selection)
+    pairs = an.default_comparisons(labels)
+    paired, notes = an.comparable_pairs(runs, tests, "countdown", pairs)
+    unpaired, _ = an.tested_pairs(runs, tests, "countdown", pairs)
+    assert len(paired) == 1 and len(notes) == 2 and unpaired == pairs
+    table = an.seed_level_comparisons(runs, tests, "countdown", pairs, n_resamples=1_000)
+    assert list(table["n_seeds_x"]) == [4, 3, 3] and list(table["n_seeds_y"]) == [3, 3, 4]
+    side = an.comparison_side_by_side(an.paired_comparisons(runs, tests, "countdown", paired, 1_000), table)
+    assert side["Conditional 95% (problems)"].tolist()[:2] == ["n/a (seeds not paired)", side.iloc[1, 4]]
+    change = an.seed_count_change(runs, tests, "countdown", pairs, first=3, n_resamples=1_000)
+    # Only comparisons involving the grown recipe; "first 3" reproduces the three-seed analysis.
+    assert change["seeds"].tolist() == ["first 3", "all", "first 3", "all"]
+    three = an.seed_level_comparisons(_runs(study, "countdown"), study.tests, "countdown", pairs, n_resamples=1_000)
+    first3 = change[change["seeds"] == "first 3"].reset_index(drop=True)
+    expected = three[three["comparison"].isin(first3["comparison"])].reset_index(drop=True)
+    pd.testing.assert_series_equal(first3["hier_low_pp"], expected["hier_low_pp"])
+    assert an.seed_count_change(_runs(study, "countdown"), study.tests, "countdown", pairs).empty
+
+
+# --- categories -------------------------------------------------------------
+H200_MINI = ROOT / "results" / "h200-mini"
+
+
+@pytest.fixture(scope="module")
+def h200_mini() -> an.Study:
+    return an.load_study(H200_MINI)
+
+
+def test_category_decomposition_sums_to_the_difference(study):
+    runs = _runs(study, "countdown")
+    tests, notes = an.tag_categories(study.tests, study.runs)
+    assert not notes and tests["category"].notna().all()
+    pairs = an.default_comparisons(an.recipe_order(runs, "countdown", study.selection))
+    parts = an.category_decomposition(tests[tests["task"] == "countdown"], runs, "countdown", pairs)
+    overall = an.seed_level_comparisons(runs, study.tests, "countdown", pairs, n_resamples=100)
+    sums = parts.groupby("comparison", sort=False)["contribution_pp"].sum()
+    np.testing.assert_allclose(sums.to_numpy(), overall["mean_pp"].to_numpy())
+    assert parts.groupby("comparison")["problems"].sum().eq(96).all()
+
+
+def test_categories_of_the_committed_countdown_records(h200_mini):
+    runs = h200_mini.runs[h200_mini.runs["task"] == "countdown-2x10"]
+    evals, notes = an.tag_categories(h200_mini.evals[h200_mini.evals["run_id"].isin(runs["run_id"])], runs)
+    assert not notes
+    sizes = an.category_sizes(evals).set_index("category")["problems"]
+    assert sizes.to_dict() == {"+": 17, "-": 17, "*": 7, "/": 5, "*|/": 4}
+    # The 34% plateau: most evaluations at 17/50 solve exactly the 17 addition problems.
+    exact = an.exact_category_solutions(evals)
+    assert exact[["category", "accuracy_pct", "evaluations", "evaluations_at_accuracy"]].values.tolist() == [
+        ["+", 34.0, 33, 44]]
+    confirm = runs[runs["phase"] == "confirmation"]
+    tests, _ = an.tag_categories(h200_mini.tests[h200_mini.tests["run_id"].isin(confirm["run_id"])], confirm)
+    parts = an.category_decomposition(tests, confirm, "countdown-2x10", [("batch-256", "onpolicy-small")])
+    net = parts.set_index("category")["net_correct_all_seeds"]
+    assert (net["+"], net.sum()) == (31, 28)
+
+
+def test_category_order_numbers_then_operation_sets():
+    assert an.category_order(["10 steps", "2 steps", "+|*", "*", "+"]) == ["2 steps", "10 steps", "*", "+", "+|*"]
+
+
+# --- collapse ---------------------------------------------------------------
+def test_zero_advantage_series_uses_records_then_the_mixed_group_fallback(study):
+    series = an.zero_advantage_series(study.collections, study.runs)
+    countdown, gsm8k = series[series["task"] == "countdown"], series[series["task"] == "gsm8k"]
+    assert (countdown["source"] == "recorded").all() and countdown["entropy_mean"].notna().all()
+    assert (gsm8k["source"] == an.collapse.DERIVED).all() and gsm8k["entropy_mean"].isna().all()
+    np.testing.assert_allclose(gsm8k["zero_advantage_fraction"], 1 - gsm8k["mixed_group_fraction"])
+    # The fixture's recorded share is the same quantity for its 0/1 rewards.
+    np.testing.assert_allclose(countdown["zero_advantage_fraction"], 1 - countdown["mixed_group_fraction"])
+
+
+def test_collapse_rule_needs_a_long_enough_streak_after_learning_began(study):
+    runs = _runs(study, "countdown")
+    series = an.zero_advantage_series(study.collections, runs[runs["label"] == "Small one-update baseline"])
+    # Seed 1 ends with 14 collections of 128 responses at >= 90%: 1,792 responses, short of the default.
+    default = an.collapse_points(series).set_index("seed")
+    assert not default["collapsed"].any()
+    shorter = an.collapse_points(series, an.CollapseRule(min_responses=1024)).set_index("seed")
+    assert shorter.loc[1, ["collapsed", "collapse_collection", "streak", "to_end"]].tolist() == [True, 50, 14, True]
+    assert an.describe_collapse(shorter.reset_index()).iloc[0] == "at 6,528 responses (collection 50), to the end"
+
+
+def test_collapse_ignores_the_all_wrong_start_and_reports_recovery():
+    runs = pd.DataFrame({"run_id": ["r"], "task": ["t"], "phase": ["p"], "label": ["x"], "arm": ["x"], "seed": [0]})
+    zero = [1.0, 1.0, 1.0, 0.5, 0.95, 0.95, 0.6, 0.92, 0.93, 0.99]
+    collections = pd.DataFrame({"run_id": "r", "collection": range(10), "responses": np.arange(1, 11) * 512,
+                                "reward_mean": 0.3, "mixed_group_fraction": 1 - np.array(zero)})
+    points = an.collapse_points(an.zero_advantage_series(collections, runs), an.CollapseRule(0.9, 1024))
+    assert points.loc[0, ["collapsed", "collapse_collection", "streak", "to_end"]].tolist() == [True, 4, 2, False]
+    strict = an.collapse_points(an.zero_advantage_series(collections, runs), an.CollapseRule(0.9, 1536))
+    assert strict.loc[0, ["collapse_collection", "streak", "to_end"]].tolist() == [7, 3, True]
+    table = pd.DataFrame({"task": ["t"], "arm": ["x"], "seed": [0]})
+    assert an.add_collapse_column(table, points)["collapsed"].iloc[0].endswith("recovered after 2 collections")
+
+
+def test_group_mixing_prediction_averages_the_formula_over_recorded_groups(study):
+    from grpo_knobs import stats
+
+    pred = an.group_mixing_prediction(study.collections, _runs(study, "countdown", "screening"))
+    raw = study.collections.set_index(["run_id", "collection"])
+    run_id = study.runs.set_index(["task", "phase", "arm"]).loc[("countdown", "screening", "group-4"), "run_id"]
+    means = raw.loc[(run_id, 3), "group_reward_means"]
+    row = pred[(pred["arm"] == "group-4") & (pred["collection"] == 3)].iloc[0]
+    assert row["predicted_per_group"] == pytest.approx(stats.predicted_mixed_fraction(means, 4))
+    # Measured mixing is the share of groups strictly between all wrong and all right.
+    assert row["mixed_group_fraction"] == pytest.approx(np.mean([0 < m < 1 for m in means]), abs=1e-6)
+    gsm8k = an.group_mixing_prediction(study.collections, _runs(study, "gsm8k", "screening"))
+    assert gsm8k["predicted_per_group"].isna().all()
+    summary = an.mixing_prediction_summary(gsm8k)
+    assert (summary["recorded"] == 0).all() and summary["measured"].notna().all()
+
+
+# --- completions --------------------------------------------------------------
+def test_completion_examples_at_start_middle_and_end():
+    examples = an.completion_examples(STUDY_DIR / "countdown-confirmation-onpolicy-small-s1", per_outcome=1)
+    samples = an.load_samples(STUDY_DIR / "countdown-confirmation-onpolicy-small-s1")
+    collections = sorted(samples["collection"].unique())
+    stages = examples.groupby("stage", sort=False)["collection"].first()
+    assert stages.to_dict() == {"start": collections[0], "middle": collections[len(collections) // 2],
+                                "end": collections[-1]}
+    assert examples.groupby("stage")["reward"].apply(lambda r: r.is_unique).all()
+    assert an.completion_examples(STUDY_DIR / "countdown-confirmation-onpolicy-small-s2").empty
+    short = an.completion_examples(STUDY_DIR / "countdown-confirmation-onpolicy-small-s1", max_chars=10)
+    assert short["text"].str.len().max() == 13 and short["text"].str.startswith("...").all()
+
+
+def test_eval_response_examples_only_where_recorded(study):
+    run_id = "countdown-confirmation-onpolicy-large-s1"
+    examples = an.eval_response_examples(study.evals, run_id)
+    assert examples["stage"].unique().tolist() == ["start", "middle", "end"]
+    assert sorted(examples["correct"].unique()) == [0.0, 1.0]
+    assert examples["response"].str.contains("<answer>").all()
+    assert an.eval_response_examples(study.evals, "countdown-confirmation-group-4-s1").empty
+    assert an.eval_response_examples(study.evals.drop(columns="response"), run_id).empty
+
+
+def test_notebook_setup_returns_the_imported_checkout():
+    assert an.notebook_setup() == ROOT

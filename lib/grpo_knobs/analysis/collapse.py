@@ -105,11 +105,16 @@ def collapse_points(series: pd.DataFrame, rule: CollapseRule = CollapseRule()) -
                     "collapse_responses": int(g["responses"].iloc[start]), "streak": length,
                     "to_end": start + length == len(g)}
         rows.append(row)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=["run_id", "task", "phase", "label", "arm", "seed", "collapsed", "source",
+                                       "collections", "collapse_collection", "collapse_responses", "streak",
+                                       "to_end"])
 
 
 def describe_collapse(points: pd.DataFrame) -> pd.Series:
     """One display string per run: "no", or "at 6,144 responses (collection 11), to the end"."""
+    if points.empty:
+        return pd.Series([], dtype=str)
+
     def text(r: pd.Series) -> str:
         if not r["collapsed"]:
             return "no"
