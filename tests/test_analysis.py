@@ -698,10 +698,13 @@ def test_every_notebook_runs_on_incomplete_studies(tmp_path, monkeypatch, capsys
     assert "neither a reward audit nor initial-model test rows; skipping the reward-audit figure" in printed
     assert "countdown: group size arms derived from the runs (G varies at B=128, S=4" in printed
     assert "countdown: no optimizer batch arms" in printed
+    assert "no run stored sampled completions (samples.jsonl.gz); these records predate them" in printed
     assert sorted(p.name for p in (tmp_path / "pilot-figs").glob("*.png")) == [
+        "category_curves_pilot_countdown-2x10.png", "collapse_pilot_countdown-2x10.png",
         "critical_batch_countdown-2x10.png", "learning_curves_pilot_countdown-2x10.png",
         "time_to_target_pilot_countdown-2x10.png", "training_signals_pilot_countdown-2x10.png"]
     assert sorted(p.name for p in (tmp_path / "smoke-figs").glob("*.png")) == [
+        "category_curves_screening_countdown.png", "collapse_screening_countdown.png",
         "critical_batch_countdown.png", "group_size_countdown.png", "learning_curves_screening_countdown.png",
         "screening_countdown.png", "time_to_target_screening_countdown.png", "training_signals_screening_countdown.png"]
 
@@ -806,6 +809,16 @@ def test_categories_of_the_committed_countdown_records(h200_mini):
     parts = an.category_decomposition(tests, confirm, "countdown-2x10", [("batch-256", "onpolicy-small")])
     net = parts.set_index("category")["net_correct_all_seeds"]
     assert (net["+"], net.sum()) == (31, 28)
+
+
+def test_pool_facts_of_the_committed_countdown_records(h200_mini):
+    runs = h200_mini.runs[h200_mini.runs["task"] == "countdown-2x10"]
+    coverage = an.pool_coverage(h200_mini.collections, runs, 70).set_index("P")
+    assert coverage["covered_by"].to_dict() == {16: 5, 32: 3, 64: 2, 128: 1}
+    assert coverage.loc[128, "repeated_slots_min"] == 58
+    shared = an.shared_numbers("countdown-2x10").set_index("split")
+    assert shared["share_train_numbers"].to_dict() == {"validation": 39, "test": 31}
+    assert set(shared["train_pool"]) == {70}
 
 
 def test_category_order_numbers_then_operation_sets():

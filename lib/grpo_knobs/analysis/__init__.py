@@ -60,7 +60,9 @@ from grpo_knobs.analysis.categories import (
     category_sizes,
     category_test_table,
     exact_category_solutions,
+    pool_coverage,
     problem_categories,
+    shared_numbers,
     tag_categories,
 )
 from grpo_knobs.analysis.collapse import (
@@ -169,7 +171,7 @@ __all__ = [
     "notebook_setup", "resolve_path",
     # categories
     "category_curves", "category_decomposition", "category_order", "category_sizes", "category_test_table",
-    "exact_category_solutions", "problem_categories", "tag_categories",
+    "exact_category_solutions", "pool_coverage", "problem_categories", "shared_numbers", "tag_categories",
     # collapse
     "COLLAPSE_MIN_RESPONSES", "COLLAPSE_THRESHOLD", "CollapseRule", "add_collapse_column", "collapse_points",
     "describe_collapse", "group_mixing_prediction", "mixing_prediction_summary", "zero_advantage_series",

@@ -149,3 +149,31 @@ def exact_category_solutions(tagged_evals: pd.DataFrame) -> pd.DataFrame:
     at_acc = [int(((per_eval["task"] == r.task) & np.isclose(per_eval["correct"], r.accuracy_pct)).sum())
               for r in found.itertuples()]
     return found.assign(evaluations_at_accuracy=at_acc)
+
+
+def pool_coverage(collections: pd.DataFrame, runs: pd.DataFrame, pool_size: int) -> pd.DataFrame:
+    """Per arm (P): the first collection (1-based) by which every run of it had drawn all ``pool_size``
+    training prompts, and the prompt slots of one collection beyond the pool (P - pool_size when
+    positive): at least that many prompts of every such collection are repeats."""
+    merged = collections.merge(runs[["run_id", "arm", "rollout_batch_size"]], on="run_id")
+    full = merged[merged["distinct_prompts"] >= pool_size].groupby("run_id")["collection"].min() + 1
+    per_run = runs.set_index("run_id")[["arm", "rollout_batch_size"]].join(full.rename("covered_by"), how="inner")
+    table = per_run.groupby(["rollout_batch_size"]).agg(arms=("arm", lambda a: ", ".join(sorted(set(a)))),
+                                                         runs=("arm", "size"), covered_by=("covered_by", "max"))
+    table = table.reset_index().rename(columns={"rollout_batch_size": "P"})
+    table["repeated_slots_min"] = (table["P"] - pool_size).clip(lower=0)
+    return table
+
+
+def shared_numbers(task: str) -> pd.DataFrame:
+    """Per held-out split of a Countdown task: problems whose (sorted) numbers also occur in a
+    training problem, with a different target."""
+    pool = data.load_split(task, "train")
+    train = {tuple(sorted(p.numbers)) for p in pool}
+    rows = []
+    for split in ("validation", "test"):
+        problems = data.load_split(task, split)
+        shared = sum(tuple(sorted(p.numbers)) in train for p in problems)
+        rows.append({"task": task, "split": split, "problems": len(problems), "share_train_numbers": shared,
+                     "train_pool": len(pool)})
+    return pd.DataFrame(rows)
