@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 STUDY_DIR = FIXTURES / "synthetic_study"
 BENCHMARK = FIXTURES / "rollout-synthetic.json"
-REFERENCE = ROOT.parent / "shared" / "data" / "reference" / "study_endpoints.csv"
+REFERENCE = ROOT / "data" / "reference" / "study_endpoints.csv"
 needs_reference = pytest.mark.skipif(not REFERENCE.is_file(), reason="../shared reference CSV not present")
 
 

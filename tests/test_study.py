@@ -24,7 +24,7 @@ from grpo_knobs.records import RunDir, atomic_write_json
 from grpo_knobs.study import run as study_run
 
 ROOT = Path(__file__).resolve().parents[1]
-ENDPOINTS = ROOT.parent / "shared" / "data" / "reference" / "study_endpoints.csv"
+ENDPOINTS = ROOT / "data" / "reference" / "study_endpoints.csv"
 PAPER_PICKS = {"gsm8k": ["onpolicy-small", "onpolicy-large", "batch-256-sqrt"]}
 
 
