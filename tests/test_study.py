@@ -205,7 +205,6 @@ def _published_screen(study_dir: Path, p: study.Plan) -> None:
                       float(row["job_seconds"]), test_accuracy=1.0 if row["arm"] == "group-32" else 0.0)
 
 
-@pytest.mark.skipif(not ENDPOINTS.exists(), reason="needs ../shared/data/reference/study_endpoints.csv")
 def test_selection_rule_on_the_published_screen_reads_validation_only(tmp_path, monkeypatch):
     p = study.plan("paper", study_dir=tmp_path)
     _published_screen(tmp_path, p)
