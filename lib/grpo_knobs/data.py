@@ -36,7 +36,7 @@ import random
 import re
 from dataclasses import asdict, dataclass
 from fractions import Fraction
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Iterator, Union
 
@@ -482,7 +482,7 @@ def reachable(numbers: tuple[int, ...], operators: str = "+-*/") -> dict[Value, 
     return values
 
 
-@lru_cache(maxsize=None)
+@cache
 def _operator_sets(numbers: tuple[int, ...], operators: str) -> dict[Value, frozenset[frozenset[str]]]:
     """Every value reachable from ``numbers`` (each used once), with the operator sets of the
     expressions reaching it; ``numbers`` sorted, like :func:`reachable` without the text."""

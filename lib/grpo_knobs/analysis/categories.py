@@ -9,7 +9,7 @@ column (the synthetic fixture) keep it.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
