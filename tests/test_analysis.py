@@ -841,7 +841,7 @@ def test_collapse_rule_needs_a_long_enough_streak_after_learning_began(study):
     assert not default["collapsed"].any()
     shorter = an.collapse_points(series, an.CollapseRule(min_responses=1024)).set_index("seed")
     assert shorter.loc[1, ["collapsed", "collapse_collection", "streak", "to_end"]].tolist() == [True, 50, 14, True]
-    assert an.describe_collapse(shorter.reset_index()).iloc[0] == "at 6,528 responses (collection 50), to the end"
+    assert an.describe_collapse(shorter.reset_index()).iloc[0] == "at 6,528 responses (collection 50), until the run ended"
 
 
 def test_collapse_ignores_the_all_wrong_start_and_reports_recovery():

@@ -118,7 +118,7 @@ def describe_collapse(points: pd.DataFrame) -> pd.Series:
     def text(r: pd.Series) -> str:
         if not r["collapsed"]:
             return "no"
-        tail = "to the end" if r["to_end"] else f"recovered after {r['streak']} collections"
+        tail = "until the run ended" if r["to_end"] else f"recovered after {r['streak']} collections"
         return f"at {r['collapse_responses']:,.0f} responses (collection {r['collapse_collection']:.0f}), {tail}"
     return points.apply(text, axis=1)
 
