@@ -900,3 +900,51 @@ def test_eval_response_examples_only_where_recorded(study):
 
 def test_notebook_setup_returns_the_imported_checkout():
     assert an.notebook_setup() == ROOT
+
+
+def test_collapse_and_category_figures_draw(study):
+    runs = _runs(study, "countdown")
+    labels = an.recipe_order(runs, "countdown", study.selection)
+    series = an.zero_advantage_series(study.collections, runs)
+    points = an.collapse_points(series, an.CollapseRule(min_responses=1024))
+    fig = plots.collapse_figure(series, points, labels, 0.9, "t")
+    assert len(fig.axes[0].collections) == 1 and len(fig.axes[0].collections[0].get_offsets()) == 1  # one x
+    assert len(fig.axes[1].get_lines()) == len(runs)  # entropy recorded for every Countdown run
+    gsm8k = an.zero_advantage_series(study.collections, _runs(study, "gsm8k"))
+    fig = plots.collapse_figure(gsm8k, an.collapse_points(gsm8k), an.recipe_order(gsm8k, "gsm8k"), 0.9, "t")
+    assert "entropy not recorded" in fig.axes[1].texts[0].get_text()
+    evals, _ = an.tag_categories(study.evals[study.evals["run_id"].isin(runs["run_id"])], runs)
+    curves = an.category_curves(evals, runs)
+    cats = an.category_order(curves["category"])
+    fig = plots.category_curves_figure(curves, labels, cats, "t")
+    assert [ax.get_title() for ax in fig.axes] == [f"{c} ({n} problems)" for c, n in
+                                                   zip(cats, curves.drop_duplicates("category").set_index("category")
+                                                       .loc[cats, "problems"])]
+    plt.close("all")
+
+
+def test_paired_job_times_compare_only_runs_on_one_decode_path(study):
+    runs = _runs(study, "countdown").copy()
+    runs["rollout_path"] = None  # older records: one "unrecorded" path
+    pairs = an.default_comparisons(an.recipe_order(runs, "countdown", study.selection))
+    assert an.paired_job_times(runs, "countdown", pairs)["rollout_path"].tolist() == ["unrecorded"] * 3
+    assert an.job_time_path_notes(runs, "countdown", pairs) == []
+    # Seed 3 of every recipe on the fused path, seed 2 of the baseline too.
+    runs["rollout_path"] = np.where(runs["seed"] == 3, "fused", None)
+    runs.loc[(runs["label"] == "Small one-update baseline") & (runs["seed"] == 2), "rollout_path"] = "fused"
+    times = an.paired_job_times(runs, "countdown", pairs)
+    first = times[times["comparison"] == f"{pairs[0][0]} versus {pairs[0][1]}"].set_index("rollout_path")
+    assert first["n_seeds"].to_dict() == {"fused": 1, "unrecorded": 1}
+    minutes = runs.set_index(["label", "seed"])["job_seconds"] / 60
+    assert first.at["fused", "x_job_min"] == pytest.approx(minutes[(pairs[0][0], 3)])
+    notes = an.job_time_path_notes(runs, "countdown", pairs)
+    assert len(notes) == 2 and all("seeds [2] left out" in n for n in notes)
+
+
+def test_phase_cost_table_splits_decode_paths_only_when_runs_mix_them(study):
+    runs = _runs(study, "countdown").copy()
+    assert "rollout_path" not in an.phase_cost_table(runs).columns
+    runs["rollout_path"] = np.where(runs["seed"] == 3, "fused", "fast")
+    cost = an.phase_cost_table(runs)
+    assert cost.groupby("recipe")["rollout_path"].apply(sorted).tolist() == [["fast", "fused"]] * 3
+    assert cost.set_index(["recipe", "rollout_path"])["n_runs"].sum() == 9

@@ -94,6 +94,7 @@ from grpo_knobs.analysis.confirmation import (
     phase_cost_table,
     recipe_test_scores,
     format_seed_level,
+    job_time_path_notes,
     seed_count_change,
     seed_level_comparisons,
     tested_pairs,
@@ -193,7 +194,7 @@ __all__ = [
     "confirmation_run_table", "default_comparisons", "format_comparisons", "paired_comparisons", "paired_job_times",
     "phase_cost_table", "recipe_test_scores", "truncation_range", "truncation_table",
     "INTERVAL_MEANINGS", "comparison_side_by_side", "seed_count_change", "seed_level_comparisons",
-    "format_seed_level", "tested_pairs", "tested_seeds",
+    "format_seed_level", "job_time_path_notes", "tested_pairs", "tested_seeds",
     # time_to_target
     "time_to_target_summary", "time_to_target_table",
     # group_size

@@ -34,12 +34,23 @@ def _stage_points(points: np.ndarray) -> dict[str, int]:
 
 
 def load_samples(run_dir: str | Path) -> pd.DataFrame:
-    """Rows of ``samples.jsonl.gz`` (empty frame with its columns when the run has none)."""
+    """Rows of ``samples.jsonl.gz`` (empty frame with its columns when the run has none).
+
+    The trainer appends one gzip member per collection; a run killed mid-write
+    can leave a torn last member, which is dropped (every earlier member is
+    whole), as the run records' own reader does.
+    """
     path = Path(run_dir) / SAMPLES_FILE
-    if not path.is_file():
+    rows = []
+    if path.is_file():
+        try:
+            with gzip.open(path, "rt", encoding="utf-8") as fh:
+                rows.extend(json.loads(line) for line in fh if line.strip())
+        except (EOFError, gzip.BadGzipFile, json.JSONDecodeError):
+            pass
+    if not rows:
         return pd.DataFrame(columns=list(SAMPLE_COLUMNS))
-    with gzip.open(path, "rt", encoding="utf-8") as fh:
-        frame = pd.DataFrame([json.loads(line) for line in fh if line.strip()])
+    frame = pd.DataFrame(rows)
     missing = [c for c in SAMPLE_COLUMNS if c not in frame.columns]
     if missing:
         raise ValueError(f"{path} lacks fields {missing}")

@@ -76,29 +76,58 @@ def paired_comparisons(runs: pd.DataFrame, tests: pd.DataFrame, task: str,
     return pd.DataFrame(rows)
 
 
-def paired_job_times(runs: pd.DataFrame, task: str, pairs: Sequence[tuple[str, str]]) -> pd.DataFrame:
-    """Job-time change of ``x`` against ``y`` per pair, seeds paired by number (the study's
-    "time reduction": 1 - x / y, positive when ``x`` finishes sooner).
+def _rollout_paths(runs: pd.DataFrame) -> pd.Series:
+    """Each run's recorded decode path; runs that predate the record share one "unrecorded" path."""
+    paths = runs["rollout_path"] if "rollout_path" in runs else pd.Series(None, index=runs.index, dtype=object)
+    return paths.fillna("unrecorded").astype(str)
 
-    Uses the seeds both recipes have; a pair without a common seed is left out.
+
+def job_time_path_notes(runs: pd.DataFrame, task: str, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """One line per pair whose seed pairs include runs on different decode paths (left out of
+    :func:`paired_job_times`, since job time depends on the path); empty when every seed pair is on one path."""
+    notes = []
+    task_runs = runs[runs["task"] == task].assign(_path=lambda r: _rollout_paths(r))
+    for x, y in pairs:
+        paths = {label: task_runs[task_runs["label"] == label].set_index("seed")["_path"] for label in (x, y)}
+        common = sorted(set(paths[x].index) & set(paths[y].index))
+        mixed = [s for s in common if paths[x][s] != paths[y][s]]
+        if mixed:
+            notes.append(f"{task}: {x} versus {y}: job times of seeds {mixed} left out (runs on different decode "
+                         f"paths); accuracy comparisons use every seed")
+    return notes
+
+
+def paired_job_times(runs: pd.DataFrame, task: str, pairs: Sequence[tuple[str, str]]) -> pd.DataFrame:
+    """Job-time change of ``x`` against ``y`` per pair and decode path, seeds paired by number (the
+    study's "time reduction": 1 - x / y, positive when ``x`` finishes sooner).
+
+    Job time depends on the decode path a run used (``rollout_path``; runs
+    that predate the record count as one "unrecorded" path), so a seed pair
+    counts only when both runs used the same path, and each path gets its own
+    row (:func:`job_time_path_notes` lists the seed pairs left out). A pair
+    without such a seed is left out.
     """
     rows = []
+    task_runs = runs[runs["task"] == task].assign(_path=lambda r: _rollout_paths(r))
     for x, y in pairs:
-        minutes = {label: runs[(runs["task"] == task) & (runs["label"] == label)].set_index("seed")["job_seconds"] / 60
-                   for label in (x, y)}
-        seeds = sorted(set(minutes[x].index) & set(minutes[y].index))
-        if not seeds:
-            continue
-        a, b = minutes[x].loc[seeds].to_numpy(), minutes[y].loc[seeds].to_numpy()  # [seeds]
-        reductions = 100 * (1 - a / b)  # [seeds]
-        rows.append({
-            "task": task, "comparison": f"{x} versus {y}", "x_job_min": a.mean(), "y_job_min": b.mean(),
-            "ratio": a.mean() / b.mean(), "reduction_pct": 100 * (1 - a.mean() / b.mean()),
-            "seed_reductions_pct": tuple(float(r) for r in reductions), "seeds_faster": int((reductions > 0).sum()),
-            "n_seeds": len(seeds),
-        })
-    return pd.DataFrame(rows, columns=["task", "comparison", "x_job_min", "y_job_min", "ratio", "reduction_pct",
-                                       "seed_reductions_pct", "seeds_faster", "n_seeds"])
+        chosen = {label: task_runs[task_runs["label"] == label].set_index("seed") for label in (x, y)}
+        common = sorted(set(chosen[x].index) & set(chosen[y].index))
+        by_path: dict[str, list] = {}
+        for seed in common:
+            if chosen[x].at[seed, "_path"] == chosen[y].at[seed, "_path"]:
+                by_path.setdefault(chosen[x].at[seed, "_path"], []).append(seed)
+        for path, seeds in sorted(by_path.items()):
+            a = chosen[x].loc[seeds, "job_seconds"].to_numpy() / 60  # [seeds]
+            b = chosen[y].loc[seeds, "job_seconds"].to_numpy() / 60  # [seeds]
+            reductions = 100 * (1 - a / b)  # [seeds]
+            rows.append({
+                "task": task, "comparison": f"{x} versus {y}", "rollout_path": path, "x_job_min": a.mean(),
+                "y_job_min": b.mean(), "ratio": a.mean() / b.mean(), "reduction_pct": 100 * (1 - a.mean() / b.mean()),
+                "seed_reductions_pct": tuple(float(r) for r in reductions),
+                "seeds_faster": int((reductions > 0).sum()), "n_seeds": len(seeds),
+            })
+    return pd.DataFrame(rows, columns=["task", "comparison", "rollout_path", "x_job_min", "y_job_min", "ratio",
+                                       "reduction_pct", "seed_reductions_pct", "seeds_faster", "n_seeds"])
 
 
 def format_comparisons(table: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
@@ -117,10 +146,13 @@ def phase_cost_table(runs: pd.DataFrame, labels: Sequence[str] | None = None) ->
 
     "Other" is job time minus the recorded phases (generation, trainer,
     sync), as in the study: it holds initialization, validation, checkpoint
-    saving and orchestration.
+    saving and orchestration. When the runs used more than one decode path
+    (``rollout_path``), each path gets its own rows, since times depend on it.
     """
+    paths = _rollout_paths(runs)
+    by_path = paths.nunique() > 1
     per_run = pd.DataFrame({
-        "task": runs["task"], "recipe": runs["label"],
+        "task": runs["task"], "recipe": runs["label"], **({"rollout_path": paths} if by_path else {}),
         "generate_min": runs["generation_seconds"] / 60,
         "trainer_min": runs["trainer_seconds"] / 60,
         "sync_min": runs["sync_seconds"] / 60,
@@ -128,9 +160,10 @@ def phase_cost_table(runs: pd.DataFrame, labels: Sequence[str] | None = None) ->
                       - runs["sync_seconds"]) / 60,
         "output_million_tokens": runs["output_tokens"] / 1e6,
     })
-    table = per_run.groupby(["task", "recipe"], sort=False).mean().reset_index()
-    table["n_runs"] = per_run.groupby(["task", "recipe"], sort=False).size().to_numpy()
-    return _sort_by_labels(table, labels, ["task", "recipe"])
+    keys = ["task", "recipe", "rollout_path"] if by_path else ["task", "recipe"]
+    table = per_run.groupby(keys, sort=False).mean().reset_index()
+    table["n_runs"] = per_run.groupby(keys, sort=False).size().to_numpy()
+    return _sort_by_labels(table, labels, keys)
 
 
 def truncation_table(runs: pd.DataFrame, labels: Sequence[str] | None = None) -> pd.DataFrame:
