@@ -841,7 +841,8 @@ def test_collapse_rule_needs_a_long_enough_streak_after_learning_began(study):
     assert not default["collapsed"].any()
     shorter = an.collapse_points(series, an.CollapseRule(min_responses=1024)).set_index("seed")
     assert shorter.loc[1, ["collapsed", "collapse_collection", "streak", "to_end"]].tolist() == [True, 50, 14, True]
-    assert an.describe_collapse(shorter.reset_index()).iloc[0] == "at 6,528 responses (collection 50), until the run ended"
+    described = an.describe_collapse(shorter.reset_index()).iloc[0]
+    assert described == "at 6,528 responses (collection 50), until the run ended"
 
 
 def test_collapse_ignores_the_all_wrong_start_and_reports_recovery():
@@ -948,3 +949,30 @@ def test_phase_cost_table_splits_decode_paths_only_when_runs_mix_them(study):
     cost = an.phase_cost_table(runs)
     assert cost.groupby("recipe")["rollout_path"].apply(sorted).tolist() == [["fast", "fused"]] * 3
     assert cost.set_index(["recipe", "rollout_path"])["n_runs"].sum() == 9
+
+
+def test_confirmation_notebook_reports_the_change_from_three_to_five_seeds(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    recipes = ("onpolicy-small", "onpolicy-large", "group-4")
+    runs = [f"countdown-confirmation-{arm}-s{seed}" for arm in recipes for seed in (1, 2, 3)]
+    study_dir = _subset_study(tmp_path, runs, name="five")
+    for arm in recipes:  # seeds 4 and 5: copies of seeds 2 and 3 under new IDs, on another decode path
+        for new, old in ((4, 2), (5, 3)):
+            dest = study_dir / f"countdown-confirmation-{arm}-s{new}"
+            shutil.copytree(study_dir / f"countdown-confirmation-{arm}-s{old}", dest)
+            meta = json.loads((dest / "config.json").read_text())
+            meta["run_id"], meta["config"]["seed"], meta["rollout_path"] = dest.name, new, "fused"
+            (dest / "config.json").write_text(json.dumps(meta))
+            for name in ("evals.parquet", "test.parquet"):
+                frame = pd.read_parquet(dest / name)
+                frame.assign(run_id=dest.name).to_parquet(dest / name)
+    (study_dir / "selection.json").write_text(json.dumps({"recipes": {"countdown": list(recipes)}}))
+    _run_notebook_inprocess("51_confirmation", study_dir=str(study_dir), out_dir=str(tmp_path / "figs"))
+    printed = capsys.readouterr().out
+    assert "tested seeds per recipe: Small one-update baseline 5; Large one-update batch 5; " in printed
+    change = pd.read_csv(tmp_path / "figs" / "confirmation_seed_count_countdown.csv")
+    assert change["seeds"].tolist() == ["first 3", "all"] * 3
+    assert set(change.loc[change["seeds"] == "all", "n_seeds_x"]) == {5}
+    assert set(change.loc[change["seeds"] == "all", "n_relabellings"]) == {252}
+    times = pd.read_csv(tmp_path / "figs" / "confirmation_job_time_countdown.csv")
+    assert times.groupby("comparison")["rollout_path"].apply(sorted).tolist() == [["fused", "unrecorded"]] * 3
