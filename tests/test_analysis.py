@@ -976,3 +976,11 @@ def test_confirmation_notebook_reports_the_change_from_three_to_five_seeds(tmp_p
     assert set(change.loc[change["seeds"] == "all", "n_relabellings"]) == {252}
     times = pd.read_csv(tmp_path / "figs" / "confirmation_job_time_countdown.csv")
     assert times.groupby("comparison")["rollout_path"].apply(sorted).tolist() == [["fused", "unrecorded"]] * 3
+
+
+def test_decode_path_note_only_when_paths_mix(study):
+    runs = _runs(study, "countdown").copy()
+    assert an.decode_path_note(runs, "countdown") is None
+    runs["rollout_path"] = np.where(runs["seed"] == 3, "fused", None)
+    assert an.decode_path_note(runs, "countdown").startswith(
+        "countdown: runs used more than one decode path (runs per path: fused 3, unrecorded 6)")

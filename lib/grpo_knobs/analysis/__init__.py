@@ -93,6 +93,7 @@ from grpo_knobs.analysis.confirmation import (
     paired_job_times,
     phase_cost_table,
     recipe_test_scores,
+    decode_path_note,
     format_seed_level,
     job_time_path_notes,
     seed_count_change,
@@ -194,7 +195,7 @@ __all__ = [
     "confirmation_run_table", "default_comparisons", "format_comparisons", "paired_comparisons", "paired_job_times",
     "phase_cost_table", "recipe_test_scores", "truncation_range", "truncation_table",
     "INTERVAL_MEANINGS", "comparison_side_by_side", "seed_count_change", "seed_level_comparisons",
-    "format_seed_level", "job_time_path_notes", "tested_pairs", "tested_seeds",
+    "decode_path_note", "format_seed_level", "job_time_path_notes", "tested_pairs", "tested_seeds",
     # time_to_target
     "time_to_target_summary", "time_to_target_table",
     # group_size

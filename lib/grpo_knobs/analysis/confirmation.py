@@ -82,6 +82,18 @@ def _rollout_paths(runs: pd.DataFrame) -> pd.Series:
     return paths.fillna("unrecorded").astype(str)
 
 
+def decode_path_note(runs: pd.DataFrame, task: str) -> str | None:
+    """A line naming the decode paths when the task's runs used more than one, else None: times in
+    seconds then depend on the path as well as the recipe, while response counts do not."""
+    task_runs = runs[runs["task"] == task]
+    paths = _rollout_paths(task_runs)
+    if paths.nunique() < 2:
+        return None
+    counts = ", ".join(f"{path} {n}" for path, n in paths.value_counts().sort_index().items())
+    return (f"{task}: runs used more than one decode path (runs per path: {counts}); times in seconds "
+            "mix them, compare recipes on responses or within one path")
+
+
 def job_time_path_notes(runs: pd.DataFrame, task: str, pairs: Sequence[tuple[str, str]]) -> list[str]:
     """One line per pair whose seed pairs include runs on different decode paths (left out of
     :func:`paired_job_times`, since job time depends on the path); empty when every seed pair is on one path."""
