@@ -337,37 +337,3 @@ def test_invalid_manifest_names_its_file(monkeypatch, tmp_path):
     monkeypatch.setattr(data, "MANIFEST_DIR", tmp_path)
     with pytest.raises(ValueError, match=r"countdown-2x10\.json is not valid JSON"):
         load_split("countdown-2x10", "test")
-
-
-# --- problem categories --------------------------------------------------------
-def test_countdown_category_lists_every_solutions_operations():
-    assert data.countdown_category((7, 7), 14) == "+"
-    assert data.countdown_category((2, 2), 4) == "+|*"  # 2 + 2 and 2 * 2
-    assert data.countdown_category((8, 2), 4) == "/"
-    assert data.countdown_category((3, 9), 6) == "-"  # order of the numbers does not matter
-    assert data.countdown_category((3, 5, 2), 16) == "+*"  # 2 * (3 + 5) only
-    with pytest.raises(ValueError, match="reaches"):
-        data.countdown_category((2, 3), 100)
-
-
-def test_category_agrees_with_brute_force_on_countdown_2x10():
-    for split in data.SPLITS:
-        for problem in load_split("countdown-2x10", split):
-            a, b = problem.numbers
-            target = Fraction(int(problem.answer))
-            ops = {op for op in "+-*/" for x, y in ((a, b), (b, a))
-                   if (y != 0 or op != "/") and data.combine(op, Fraction(x), Fraction(y)) == target}
-            assert problem.category == "|".join(sorted(ops, key="+-*/".index)), problem
-
-
-def test_gsm8k_category_counts_rationale_lines(gsm8k):
-    assert data.gsm8k_steps("a = 1\nb = 2\n\nc = 3\n#### 3") == 3
-    problem = gsm8k["test"][0]
-    assert problem.category == f"{problem.solution.split('####')[0].strip().count(chr(10)) + 1} steps"
-
-
-def test_category_leaves_the_split_hashes_alone():
-    # category is derived, not a dataclass field: the serialization the manifests hash is unchanged.
-    problem = load_split("countdown-2x10", "test")[0]
-    assert "category" not in dataclasses.asdict(problem)
-    assert data.problems_sha256(load_split("countdown-2x10", "test")) == data.split_hashes("countdown-2x10")["test"]
