@@ -666,7 +666,7 @@ def _run_notebook_inprocess(name: str, **params) -> None:
 
 
 ANALYSIS_NOTEBOOKS = ("50_learning_curves", "51_confirmation", "52_time_to_target", "53_group_size",
-                      "54_reward_audit", "55_screening", "56_critical_batch")
+                      "54_reward_audit", "55_screening", "56_critical_batch", "57_categories")
 
 
 def test_every_notebook_runs_on_incomplete_studies(tmp_path, monkeypatch, capsys):
@@ -695,10 +695,13 @@ def test_every_notebook_runs_on_incomplete_studies(tmp_path, monkeypatch, capsys
     assert "neither a reward audit nor initial-model test rows; skipping the reward-audit figure" in printed
     assert "countdown: group size arms derived from the runs (G varies at B=128, S=4" in printed
     assert "countdown: no optimizer batch arms" in printed
+    assert "no run stored sampled completions (samples.jsonl.gz); these records predate them" in printed
     assert sorted(p.name for p in (tmp_path / "pilot-figs").glob("*.png")) == [
+        "category_curves_pilot_countdown-2x10.png", "collapse_pilot_countdown-2x10.png",
         "critical_batch_countdown-2x10.png", "learning_curves_pilot_countdown-2x10.png",
         "time_to_target_pilot_countdown-2x10.png", "training_signals_pilot_countdown-2x10.png"]
     assert sorted(p.name for p in (tmp_path / "smoke-figs").glob("*.png")) == [
+        "category_curves_screening_countdown.png", "collapse_screening_countdown.png",
         "critical_batch_countdown.png", "group_size_countdown.png", "learning_curves_screening_countdown.png",
         "screening_countdown.png", "time_to_target_screening_countdown.png", "training_signals_screening_countdown.png"]
 
@@ -713,3 +716,271 @@ def test_recipe_colors_stay_distinct_past_ten_recipes():
     for n in (3, 10, 11, 20):
         colors = plots.label_colors([f"arm-{i}" for i in range(n)])
         assert len(set(colors.values())) == n
+
+
+# --- seed-level comparisons -------------------------------------------------
+def _with_extra_seed(study: an.Study, task: str, label: str, source_seed: int, new_seed: int):
+    """runs and tests of ``study`` with a copy of one run of ``label`` under another seed number."""
+    runs = _runs(study, task)
+    row = runs[(runs["label"] == label) & (runs["seed"] == source_seed)].copy()
+    new_id = row["run_id"].iloc[0] + f"-copy{new_seed}"
+    extra_tests = study.tests[study.tests["run_id"] == row["run_id"].iloc[0]].assign(run_id=new_id)
+    runs = pd.concat([runs, row.assign(run_id=new_id, seed=new_seed)], ignore_index=True)
+    return runs, pd.concat([study.tests, extra_tests], ignore_index=True)
+
+
+def test_seed_level_comparisons_on_fixture(study):
+    from grpo_knobs import stats
+
+    runs = _runs(study, "countdown")
+    labels = an.recipe_order(runs, "countdown", study.selection)
+    pairs = an.default_comparisons(labels)
+    table = an.seed_level_comparisons(runs, study.tests, "countdown", pairs, n_resamples=2_000)
+    a, _, _ = an.recipe_test_scores(study.tests, runs, pairs[0][0], "countdown")
+    b, _, _ = an.recipe_test_scores(study.tests, runs, pairs[0][1], "countdown")
+    boot = stats.hierarchical_bootstrap(a, b, n_resamples=2_000)
+    first = table.iloc[0]
+    assert (first["hier_low_pp"], first["hier_high_pp"]) == (boot.ci_low_pp, boot.ci_high_pp)
+    assert first["perm_p_greater"] == stats.seed_permutation_test(a, b).p_value
+    assert first["welch_low_pp"] == pytest.approx(stats.seed_welch_interval(a, b).ci_low_pp)
+    assert list(table[["n_seeds_x", "n_seeds_y", "n_problems"]].iloc[0]) == [3, 3, 96]
+    side = an.comparison_side_by_side(an.paired_comparisons(runs, study.tests, "countdown", pairs, 2_000), table)
+    assert list(side.columns[:5]) == ["Comparison", "Seeds x / y", "Problems", "Mean pp", "Conditional 95% (problems)"]
+    assert side["Permutation p (one-sided)"].iloc[0].endswith("(of 20)")
+
+
+def test_seed_level_comparisons_take_unpaired_seed_counts_and_report_the_change(study):
+    runs, tests = _with_extra_seed(study, "countdown", "Large one-update batch", 1, 4)
+    labels = an.recipe_order(runs, "countdown", study.selection)
+    pairs = an.default_comparisons(labels)
+    paired, notes = an.comparable_pairs(runs, tests, "countdown", pairs)
+    unpaired, _ = an.tested_pairs(runs, tests, "countdown", pairs)
+    assert len(paired) == 1 and len(notes) == 2 and unpaired == pairs
+    table = an.seed_level_comparisons(runs, tests, "countdown", pairs, n_resamples=1_000)
+    assert list(table["n_seeds_x"]) == [4, 3, 3] and list(table["n_seeds_y"]) == [3, 3, 4]
+    side = an.comparison_side_by_side(an.paired_comparisons(runs, tests, "countdown", paired, 1_000), table)
+    assert side["Conditional 95% (problems)"].tolist()[:2] == ["n/a (seeds not paired)", side.iloc[1, 4]]
+    change = an.seed_count_change(runs, tests, "countdown", pairs, first=3, n_resamples=1_000)
+    # Only comparisons involving the grown recipe; "first 3" reproduces the three-seed analysis.
+    assert change["seeds"].tolist() == ["first 3", "all", "first 3", "all"]
+    three = an.seed_level_comparisons(_runs(study, "countdown"), study.tests, "countdown", pairs, n_resamples=1_000)
+    first3 = change[change["seeds"] == "first 3"].reset_index(drop=True)
+    expected = three[three["comparison"].isin(first3["comparison"])].reset_index(drop=True)
+    pd.testing.assert_series_equal(first3["hier_low_pp"], expected["hier_low_pp"])
+    assert an.seed_count_change(_runs(study, "countdown"), study.tests, "countdown", pairs).empty
+
+
+# --- categories -------------------------------------------------------------
+H200_MINI = ROOT / "results" / "h200-mini"
+
+
+@pytest.fixture(scope="module")
+def h200_mini() -> an.Study:
+    return an.load_study(H200_MINI)
+
+
+def test_category_decomposition_sums_to_the_difference(study):
+    runs = _runs(study, "countdown")
+    tests, notes = an.tag_categories(study.tests, study.runs)
+    assert not notes and tests["category"].notna().all()
+    pairs = an.default_comparisons(an.recipe_order(runs, "countdown", study.selection))
+    parts = an.category_decomposition(tests[tests["task"] == "countdown"], runs, "countdown", pairs)
+    overall = an.seed_level_comparisons(runs, study.tests, "countdown", pairs, n_resamples=100)
+    sums = parts.groupby("comparison", sort=False)["contribution_pp"].sum()
+    np.testing.assert_allclose(sums.to_numpy(), overall["mean_pp"].to_numpy())
+    assert parts.groupby("comparison")["problems"].sum().eq(96).all()
+
+
+def test_categories_of_the_committed_countdown_records(h200_mini):
+    runs = h200_mini.runs[h200_mini.runs["task"] == "countdown-2x10"]
+    evals, notes = an.tag_categories(h200_mini.evals[h200_mini.evals["run_id"].isin(runs["run_id"])], runs)
+    assert not notes
+    sizes = an.category_sizes(evals).set_index("category")["problems"]
+    assert sizes.to_dict() == {"+": 17, "-": 17, "*": 7, "/": 5, "*|/": 4}
+    # The 34% plateau: most evaluations at 17/50 solve exactly the 17 addition problems.
+    exact = an.exact_category_solutions(evals)
+    assert exact[["category", "accuracy_pct", "evaluations", "evaluations_at_accuracy"]].values.tolist() == [
+        ["+", 34.0, 33, 44]]
+    confirm = runs[runs["phase"] == "confirmation"]
+    tests, _ = an.tag_categories(h200_mini.tests[h200_mini.tests["run_id"].isin(confirm["run_id"])], confirm)
+    parts = an.category_decomposition(tests, confirm, "countdown-2x10", [("batch-256", "onpolicy-small")])
+    net = parts.set_index("category")["net_correct_all_seeds"]
+    assert (net["+"], net.sum()) == (31, 28)
+
+
+def test_pool_facts_of_the_committed_countdown_records(h200_mini):
+    runs = h200_mini.runs[h200_mini.runs["task"] == "countdown-2x10"]
+    coverage = an.pool_coverage(h200_mini.collections, runs, 70).set_index("P")
+    assert coverage["covered_by"].to_dict() == {16: 5, 32: 3, 64: 2, 128: 1}
+    assert coverage.loc[128, "repeated_slots_min"] == 58
+    shared = an.shared_numbers("countdown-2x10").set_index("split")
+    assert shared["share_train_numbers"].to_dict() == {"validation": 39, "test": 31}
+    assert set(shared["train_pool"]) == {70}
+
+
+def test_category_order_numbers_then_operation_sets():
+    assert an.category_order(["10 steps", "2 steps", "+|*", "*", "+"]) == ["2 steps", "10 steps", "*", "+", "+|*"]
+
+
+# --- collapse ---------------------------------------------------------------
+def test_zero_advantage_series_uses_records_then_the_mixed_group_fallback(study):
+    series = an.zero_advantage_series(study.collections, study.runs)
+    countdown, gsm8k = series[series["task"] == "countdown"], series[series["task"] == "gsm8k"]
+    assert (countdown["source"] == "recorded").all() and countdown["entropy_mean"].notna().all()
+    assert (gsm8k["source"] == an.collapse.DERIVED).all() and gsm8k["entropy_mean"].isna().all()
+    np.testing.assert_allclose(gsm8k["zero_advantage_fraction"], 1 - gsm8k["mixed_group_fraction"])
+    # The fixture's recorded share is the same quantity for its 0/1 rewards.
+    np.testing.assert_allclose(countdown["zero_advantage_fraction"], 1 - countdown["mixed_group_fraction"])
+
+
+def test_collapse_rule_needs_a_long_enough_streak_after_learning_began(study):
+    runs = _runs(study, "countdown")
+    series = an.zero_advantage_series(study.collections, runs[runs["label"] == "Small one-update baseline"])
+    # Seed 1 ends with 14 collections of 128 responses at >= 90%: 1,792 responses, short of the default.
+    default = an.collapse_points(series).set_index("seed")
+    assert not default["collapsed"].any()
+    shorter = an.collapse_points(series, an.CollapseRule(min_responses=1024)).set_index("seed")
+    assert shorter.loc[1, ["collapsed", "collapse_collection", "streak", "to_end"]].tolist() == [True, 50, 14, True]
+    described = an.describe_collapse(shorter.reset_index()).iloc[0]
+    assert described == "at 6,528 responses (collection 50), until the run ended"
+
+
+def test_collapse_ignores_the_all_wrong_start_and_reports_recovery():
+    runs = pd.DataFrame({"run_id": ["r"], "task": ["t"], "phase": ["p"], "label": ["x"], "arm": ["x"], "seed": [0]})
+    zero = [1.0, 1.0, 1.0, 0.5, 0.95, 0.95, 0.6, 0.92, 0.93, 0.99]
+    collections = pd.DataFrame({"run_id": "r", "collection": range(10), "responses": np.arange(1, 11) * 512,
+                                "reward_mean": 0.3, "mixed_group_fraction": 1 - np.array(zero)})
+    points = an.collapse_points(an.zero_advantage_series(collections, runs), an.CollapseRule(0.9, 1024))
+    assert points.loc[0, ["collapsed", "collapse_collection", "streak", "to_end"]].tolist() == [True, 4, 2, False]
+    strict = an.collapse_points(an.zero_advantage_series(collections, runs), an.CollapseRule(0.9, 1536))
+    assert strict.loc[0, ["collapse_collection", "streak", "to_end"]].tolist() == [7, 3, True]
+    table = pd.DataFrame({"task": ["t"], "arm": ["x"], "seed": [0]})
+    assert an.add_collapse_column(table, points)["collapsed"].iloc[0].endswith("recovered after 2 collections")
+
+
+def test_group_mixing_prediction_averages_the_formula_over_recorded_groups(study):
+    from grpo_knobs import stats
+
+    pred = an.group_mixing_prediction(study.collections, _runs(study, "countdown", "screening"))
+    raw = study.collections.set_index(["run_id", "collection"])
+    run_id = study.runs.set_index(["task", "phase", "arm"]).loc[("countdown", "screening", "group-4"), "run_id"]
+    means = raw.loc[(run_id, 3), "group_reward_means"]
+    row = pred[(pred["arm"] == "group-4") & (pred["collection"] == 3)].iloc[0]
+    assert row["predicted_per_group"] == pytest.approx(stats.predicted_mixed_fraction(means, 4))
+    # Measured mixing is the share of groups strictly between all wrong and all right.
+    assert row["mixed_group_fraction"] == pytest.approx(np.mean([0 < m < 1 for m in means]), abs=1e-6)
+    gsm8k = an.group_mixing_prediction(study.collections, _runs(study, "gsm8k", "screening"))
+    assert gsm8k["predicted_per_group"].isna().all()
+    summary = an.mixing_prediction_summary(gsm8k)
+    assert (summary["recorded"] == 0).all() and summary["measured"].notna().all()
+
+
+# --- completions --------------------------------------------------------------
+def test_completion_examples_at_start_middle_and_end():
+    examples = an.completion_examples(STUDY_DIR / "countdown-confirmation-onpolicy-small-s1", per_outcome=1)
+    samples = an.load_samples(STUDY_DIR / "countdown-confirmation-onpolicy-small-s1")
+    collections = sorted(samples["collection"].unique())
+    stages = examples.groupby("stage", sort=False)["collection"].first()
+    assert stages.to_dict() == {"start": collections[0], "middle": collections[len(collections) // 2],
+                                "end": collections[-1]}
+    assert examples.groupby("stage")["reward"].apply(lambda r: r.is_unique).all()
+    assert an.completion_examples(STUDY_DIR / "countdown-confirmation-onpolicy-small-s2").empty
+    short = an.completion_examples(STUDY_DIR / "countdown-confirmation-onpolicy-small-s1", max_chars=10)
+    assert short["text"].str.len().max() == 13 and short["text"].str.startswith("...").all()
+
+
+def test_eval_response_examples_only_where_recorded(study):
+    run_id = "countdown-confirmation-onpolicy-large-s1"
+    examples = an.eval_response_examples(study.evals, run_id)
+    assert examples["stage"].unique().tolist() == ["start", "middle", "end"]
+    assert sorted(examples["correct"].unique()) == [0.0, 1.0]
+    assert examples["response"].str.contains("<answer>").all()
+    assert an.eval_response_examples(study.evals, "countdown-confirmation-group-4-s1").empty
+    assert an.eval_response_examples(study.evals.drop(columns="response"), run_id).empty
+
+
+def test_notebook_setup_returns_the_imported_checkout():
+    assert an.notebook_setup() == ROOT
+
+
+def test_collapse_and_category_figures_draw(study):
+    runs = _runs(study, "countdown")
+    labels = an.recipe_order(runs, "countdown", study.selection)
+    series = an.zero_advantage_series(study.collections, runs)
+    points = an.collapse_points(series, an.CollapseRule(min_responses=1024))
+    fig = plots.collapse_figure(series, points, labels, 0.9, "t")
+    assert len(fig.axes[0].collections) == 1 and len(fig.axes[0].collections[0].get_offsets()) == 1  # one x
+    assert len(fig.axes[1].get_lines()) == len(runs)  # entropy recorded for every Countdown run
+    gsm8k = an.zero_advantage_series(study.collections, _runs(study, "gsm8k"))
+    fig = plots.collapse_figure(gsm8k, an.collapse_points(gsm8k), an.recipe_order(gsm8k, "gsm8k"), 0.9, "t")
+    assert "entropy not recorded" in fig.axes[1].texts[0].get_text()
+    evals, _ = an.tag_categories(study.evals[study.evals["run_id"].isin(runs["run_id"])], runs)
+    curves = an.category_curves(evals, runs)
+    cats = an.category_order(curves["category"])
+    fig = plots.category_curves_figure(curves, labels, cats, "t")
+    assert [ax.get_title() for ax in fig.axes] == [f"{c} ({n} problems)" for c, n in
+                                                   zip(cats, curves.drop_duplicates("category").set_index("category")
+                                                       .loc[cats, "problems"])]
+    plt.close("all")
+
+
+def test_paired_job_times_compare_only_runs_on_one_decode_path(study):
+    runs = _runs(study, "countdown").copy()
+    runs["rollout_path"] = None  # older records: one "unrecorded" path
+    pairs = an.default_comparisons(an.recipe_order(runs, "countdown", study.selection))
+    assert an.paired_job_times(runs, "countdown", pairs)["rollout_path"].tolist() == ["unrecorded"] * 3
+    assert an.job_time_path_notes(runs, "countdown", pairs) == []
+    # Seed 3 of every recipe on the fused path, seed 2 of the baseline too.
+    runs["rollout_path"] = np.where(runs["seed"] == 3, "fused", None)
+    runs.loc[(runs["label"] == "Small one-update baseline") & (runs["seed"] == 2), "rollout_path"] = "fused"
+    times = an.paired_job_times(runs, "countdown", pairs)
+    first = times[times["comparison"] == f"{pairs[0][0]} versus {pairs[0][1]}"].set_index("rollout_path")
+    assert first["n_seeds"].to_dict() == {"fused": 1, "unrecorded": 1}
+    minutes = runs.set_index(["label", "seed"])["job_seconds"] / 60
+    assert first.at["fused", "x_job_min"] == pytest.approx(minutes[(pairs[0][0], 3)])
+    notes = an.job_time_path_notes(runs, "countdown", pairs)
+    assert len(notes) == 2 and all("seeds [2] left out" in n for n in notes)
+
+
+def test_phase_cost_table_splits_decode_paths_only_when_runs_mix_them(study):
+    runs = _runs(study, "countdown").copy()
+    assert "rollout_path" not in an.phase_cost_table(runs).columns
+    runs["rollout_path"] = np.where(runs["seed"] == 3, "fused", "fast")
+    cost = an.phase_cost_table(runs)
+    assert cost.groupby("recipe")["rollout_path"].apply(sorted).tolist() == [["fast", "fused"]] * 3
+    assert cost.set_index(["recipe", "rollout_path"])["n_runs"].sum() == 9
+
+
+def test_confirmation_notebook_reports_the_change_from_three_to_five_seeds(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    recipes = ("onpolicy-small", "onpolicy-large", "group-4")
+    runs = [f"countdown-confirmation-{arm}-s{seed}" for arm in recipes for seed in (1, 2, 3)]
+    study_dir = _subset_study(tmp_path, runs, name="five")
+    for arm in recipes:  # seeds 4 and 5: copies of seeds 2 and 3 under new IDs, on another decode path
+        for new, old in ((4, 2), (5, 3)):
+            dest = study_dir / f"countdown-confirmation-{arm}-s{new}"
+            shutil.copytree(study_dir / f"countdown-confirmation-{arm}-s{old}", dest)
+            meta = json.loads((dest / "config.json").read_text())
+            meta["run_id"], meta["config"]["seed"], meta["rollout_path"] = dest.name, new, "fused"
+            (dest / "config.json").write_text(json.dumps(meta))
+            for name in ("evals.parquet", "test.parquet"):
+                frame = pd.read_parquet(dest / name)
+                frame.assign(run_id=dest.name).to_parquet(dest / name)
+    (study_dir / "selection.json").write_text(json.dumps({"recipes": {"countdown": list(recipes)}}))
+    _run_notebook_inprocess("51_confirmation", study_dir=str(study_dir), out_dir=str(tmp_path / "figs"))
+    printed = capsys.readouterr().out
+    assert "tested seeds per recipe: Small one-update baseline 5; Large one-update batch 5; " in printed
+    change = pd.read_csv(tmp_path / "figs" / "confirmation_seed_count_countdown.csv")
+    assert change["seeds"].tolist() == ["first 3", "all"] * 3
+    assert set(change.loc[change["seeds"] == "all", "n_seeds_x"]) == {5}
+    assert set(change.loc[change["seeds"] == "all", "n_relabellings"]) == {252}
+    times = pd.read_csv(tmp_path / "figs" / "confirmation_job_time_countdown.csv")
+    assert times.groupby("comparison")["rollout_path"].apply(sorted).tolist() == [["fused", "unrecorded"]] * 3
+
+
+def test_decode_path_note_only_when_paths_mix(study):
+    runs = _runs(study, "countdown").copy()
+    assert an.decode_path_note(runs, "countdown") is None
+    runs["rollout_path"] = np.where(runs["seed"] == 3, "fused", None)
+    assert an.decode_path_note(runs, "countdown").startswith(
+        "countdown: runs used more than one decode path (runs per path: fused 3, unrecorded 6)")

@@ -3,6 +3,9 @@ implementation would change."""
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -10,11 +13,15 @@ from hypothesis import strategies as st
 from scipy import stats as sps
 
 from grpo_knobs.stats import (
+    hierarchical_bootstrap,
     mixed_group_fraction,
     mixed_group_probability,
     paired_bootstrap,
+    predicted_mixed_fraction,
     sample_auc,
+    seed_permutation_test,
     seed_summary,
+    seed_welch_interval,
     summarize_time_to_target,
     time_to_target,
 )
@@ -251,3 +258,134 @@ def test_sample_auc_is_span_normalized_trapezoid():
     assert sample_auc([0, 10], [0.0, 1.0]) == pytest.approx(0.5)
     assert sample_auc([0, 4096, 12288], [0.2, 0.4, 0.4]) == pytest.approx((0.3 * 4096 + 0.4 * 8192) / 12288)
     assert sample_auc([100, 200, 300], [0.7] * 3) == pytest.approx(0.7)
+
+
+# --- seed-level comparisons -------------------------------------------------
+def _exact_hierarchical_distribution(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Every equally likely outcome of one hierarchical resample, enumerated by hand."""
+    (n_a, n_p), n_b = a.shape, b.shape[0]
+    values = []
+    for rows_a in itertools.product(range(n_a), repeat=n_a):
+        for rows_b in itertools.product(range(n_b), repeat=n_b):
+            for cols in itertools.product(range(n_p), repeat=n_p):
+                values.append(a[np.ix_(rows_a, cols)].mean() - b[np.ix_(rows_b, cols)].mean())
+    return np.array(values)
+
+
+@pytest.mark.parametrize("shape_a,shape_b", [((2, 2), (2, 2)), ((2, 3), (2, 3)), ((3, 2), (1, 2))])
+def test_hierarchical_bootstrap_matches_enumerated_distribution(shape_a, shape_b):
+    rng = np.random.default_rng(11)
+    a = (rng.random(shape_a) < 0.6).astype(float)
+    b = (rng.random(shape_b) < 0.4).astype(float)
+    a[0, 0], b[0, 0] = 1.0, 0.0  # keep the distribution non-degenerate
+    exact = 100 * _exact_hierarchical_distribution(a, b)
+    res = hierarchical_bootstrap(a, b, n_resamples=200_000, seed=5)
+    assert res.mean_diff_pp == pytest.approx(100 * (a.mean() - b.mean()))
+    # The Monte Carlo CDF agrees with the enumerated one at every support point.
+    support = np.unique(exact)
+    exact_cdf = np.array([np.mean(exact <= v + 1e-9) for v in support])
+    # Re-draw the Monte Carlo values with the same generator to read their CDF.
+    mc = _hierarchical_draws(a, b, 200_000, 5)
+    mc_cdf = np.array([np.mean(mc <= v + 1e-9) for v in support])
+    assert np.max(np.abs(mc_cdf - exact_cdf)) < 0.005
+    # The interval's ends are percentiles of that distribution.
+    assert np.mean(exact < res.ci_low_pp - 1e-9) <= 0.025 + 0.005
+    assert np.mean(exact <= res.ci_high_pp + 1e-9) >= 0.975 - 0.005
+    assert res.p_le_zero == pytest.approx(np.mean(exact <= 1e-9), abs=0.005)
+
+
+def _hierarchical_draws(a: np.ndarray, b: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """The resampled differences, by explicit index draws (the definition, not the weights)."""
+    rng = np.random.default_rng(seed)
+    (n_a, n_p), n_b = a.shape, b.shape[0]
+    rows_a = rng.integers(0, n_a, (n, n_a))
+    rows_b = rng.integers(0, n_b, (n, n_b))
+    cols = rng.integers(0, n_p, (n, n_p))
+    means_a = a[rows_a[:, :, None], cols[:, None, :]].mean(axis=(1, 2))
+    means_b = b[rows_b[:, :, None], cols[:, None, :]].mean(axis=(1, 2))
+    return 100 * (means_a - means_b)
+
+
+def test_hierarchical_bootstrap_with_one_seed_each_is_the_problem_bootstrap():
+    a, b = _scores(1, (1, 300), 0.6), _scores(2, (1, 300), 0.5)
+    res = hierarchical_bootstrap(a, b, n_resamples=40_000, seed=1)
+    ref = paired_bootstrap(a, b, n_resamples=40_000, seed=2)
+    assert res.ci_low_pp == pytest.approx(ref.ci_low_pp, abs=0.5)
+    assert res.ci_high_pp == pytest.approx(ref.ci_high_pp, abs=0.5)
+
+
+def test_hierarchical_bootstrap_widens_with_seed_spread_and_ignores_seed_pairing():
+    # Recipe a: one weak and two strong models; b: three middling ones.
+    a = np.vstack([_scores(3, (1, 200), 0.2), _scores(4, (2, 200), 0.9)])
+    b = _scores(5, (3, 200), 0.55)
+    seed_level = hierarchical_bootstrap(a, b, n_resamples=20_000)
+    conditional = paired_bootstrap(a, b, n_resamples=20_000)
+    assert seed_level.ci_high_pp - seed_level.ci_low_pp > 2 * (conditional.ci_high_pp - conditional.ci_low_pp)
+    # Reordering the seeds of one recipe changes only Monte Carlo noise: seeds are not paired.
+    again = hierarchical_bootstrap(a[::-1], b, n_resamples=20_000)
+    assert (again.ci_low_pp, again.ci_high_pp) == pytest.approx((seed_level.ci_low_pp, seed_level.ci_high_pp), abs=1.5)
+    assert (seed_level.n_seeds_a, seed_level.n_seeds_b, seed_level.n_problems) == (3, 3, 200)
+
+
+def test_hierarchical_bootstrap_accepts_unequal_seed_counts_and_rejects_other_problems():
+    res = hierarchical_bootstrap(_scores(1, (5, 40), 0.6), _scores(2, (3, 40), 0.4), n_resamples=1_000)
+    assert (res.n_seeds_a, res.n_seeds_b) == (5, 3)
+    with pytest.raises(ValueError, match="same problems"):
+        hierarchical_bootstrap(np.ones((3, 40)), np.ones((3, 41)))
+    with pytest.raises(ValueError, match=r"\[seeds, problems\]"):
+        hierarchical_bootstrap(np.ones(40), np.ones((3, 40)))
+
+
+def _permutation_p_by_hand(m_a: list[float], m_b: list[float], alternative: str) -> float:
+    pooled = m_a + m_b
+    observed = np.mean(m_a) - np.mean(m_b)
+    hits = total = 0
+    for chosen in itertools.combinations(range(len(pooled)), len(m_a)):
+        rest = [pooled[i] for i in range(len(pooled)) if i not in chosen]
+        d = np.mean([pooled[i] for i in chosen]) - np.mean(rest)
+        total += 1
+        hits += {"greater": d >= observed - 1e-12, "less": d <= observed + 1e-12,
+                 "two-sided": abs(d) >= abs(observed) - 1e-12}[alternative]
+    return hits / total
+
+
+@pytest.mark.parametrize("alternative", ["greater", "less", "two-sided"])
+@pytest.mark.parametrize("n_a,n_b", [(3, 3), (5, 3), (2, 4)])
+def test_seed_permutation_test_matches_enumeration_by_hand(alternative, n_a, n_b):
+    a, b = _scores(7, (n_a, 30), 0.55), _scores(8, (n_b, 30), 0.45)
+    res = seed_permutation_test(a, b, alternative)
+    expected = _permutation_p_by_hand(list(a.mean(axis=1)), list(b.mean(axis=1)), alternative)
+    assert res.p_value == pytest.approx(expected)
+    assert res.n_relabellings == math.comb(n_a + n_b, n_a)
+    assert res.mean_diff_pp == pytest.approx(100 * (a.mean() - b.mean()))
+
+
+def test_seed_permutation_test_extremes_and_ties():
+    # Every seed of a beats every seed of b: only the observed labelling is as extreme.
+    res = seed_permutation_test([0.7, 0.72, 0.7], [0.46, 0.72 - 0.5, 0.28])
+    assert res.p_value == pytest.approx(1 / 20)
+    assert seed_permutation_test([0.7, 0.72, 0.7], [0.46, 0.22, 0.28], "two-sided").p_value == pytest.approx(2 / 20)
+    # Identical recipes: every relabelling ties, so p = 1.
+    assert seed_permutation_test(np.full((3, 4), 0.5), np.full((3, 4), 0.5)).p_value == 1.0
+    with pytest.raises(ValueError, match="alternative"):
+        seed_permutation_test([1, 2], [1, 2], "bigger")
+
+
+def test_seed_welch_interval_matches_the_formula():
+    m_a, m_b = np.array([0.60, 0.72, 0.70]), np.array([0.46, 0.72, 0.28])
+    res = seed_welch_interval(m_a, m_b)
+    va, vb = m_a.var(ddof=1) / 3, m_b.var(ddof=1) / 3
+    df = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 2)
+    half = sps.t.ppf(0.975, df) * math.sqrt(va + vb)
+    diff = m_a.mean() - m_b.mean()
+    assert res.df == pytest.approx(df)
+    assert (res.ci_low_pp, res.ci_high_pp) == pytest.approx((100 * (diff - half), 100 * (diff + half)))
+    with pytest.raises(ValueError, match="two seeds"):
+        seed_welch_interval([0.5], [0.4, 0.3])
+
+
+def test_predicted_mixed_fraction_averages_the_formula_over_groups():
+    # All-or-nothing groups predict no mixing even though their mean rate is 0.5.
+    assert predicted_mixed_fraction([0.0, 1.0, 0.0, 1.0], 8) == 0.0
+    assert mixed_group_probability(0.5, 8) > 0.99
+    assert predicted_mixed_fraction([0.5, 0.0], 2) == pytest.approx(0.25)

@@ -36,7 +36,7 @@ import random
 import re
 from dataclasses import asdict, dataclass
 from fractions import Fraction
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Iterator, Union
 
@@ -66,6 +66,15 @@ class Problem:
     answer: str
     numbers: tuple[int, ...] = ()
     solution: str = ""
+
+    @property
+    def category(self) -> str:
+        """What analysis groups the problem by (:func:`problem_category`).
+
+        Derived on access, not a field: ``asdict`` leaves it out, so the split
+        hashes in ``data_manifests/`` and in run records do not depend on it.
+        """
+        return problem_category(self)
 
 
 class DataHashMismatch(ValueError):
@@ -497,6 +506,59 @@ def reachable(numbers: tuple[int, ...], operators: str = "+-*/") -> dict[Value, 
                 if value is not None and value not in values:
                     values[value] = f"{_wrap(a_text)} {operator} {_wrap(b_text)}"
     return values
+
+
+@cache
+def _operator_sets(numbers: tuple[int, ...], operators: str) -> dict[Value, frozenset[frozenset[str]]]:
+    """Every value reachable from ``numbers`` (each used once), with the operator sets of the
+    expressions reaching it; ``numbers`` sorted, like :func:`reachable` without the text."""
+    if len(numbers) == 1:
+        return {numbers[0]: frozenset({frozenset()})}
+    values: dict[Value, set[frozenset[str]]] = {}
+    indices = range(len(numbers))
+    for mask in range(1, (1 << len(numbers)) - 1):
+        left = _operator_sets(tuple(sorted(numbers[i] for i in indices if mask >> i & 1)), operators)
+        right = _operator_sets(tuple(sorted(numbers[i] for i in indices if not mask >> i & 1)), operators)
+        for (a, a_sets), (b, b_sets) in itertools.product(left.items(), right.items()):
+            for operator in operators:
+                value = combine(operator, a, b)
+                if value is not None:
+                    values.setdefault(value, set()).update(x | y | {operator} for x in a_sets for y in b_sets)
+    return {value: frozenset(sets) for value, sets in values.items()}
+
+
+def countdown_category(numbers: tuple[int, ...], target: int, operators: str = "+-*/") -> str:
+    """The operation sets of every solution of a Countdown instance, e.g. ``"+"`` or ``"+|*"``.
+
+    Each solution (an expression using every number once that equals
+    ``target``) contributes the set of operators it uses, written in the order
+    ``+ - * /``; distinct sets are joined by ``|``, shorter first. ``[2, 2] ->
+    4`` is ``"+|*"`` (2 + 2 and 2 * 2); ``[3, 5, 2] -> 16`` includes ``"+*"``.
+    """
+    sets = _operator_sets(tuple(sorted(numbers)), operators).get(target)
+    if not sets:
+        raise ValueError(f"no expression over {list(numbers)} reaches {target}")
+    rank = {op: i for i, op in enumerate("+-*/")}
+    names = sorted(("".join(sorted(s, key=rank.get)) for s in sets), key=lambda n: (len(n), [rank[c] for c in n]))
+    return "|".join(names)
+
+
+def gsm8k_steps(rationale: str) -> int:
+    """Steps of a GSM8K gold rationale: its non-empty lines before ``####``."""
+    marker = rationale.rfind("####")
+    if marker == -1:
+        raise ValueError(f"GSM8K rationale without '####': {rationale[-80:]!r}")
+    return sum(1 for line in rationale[:marker].splitlines() if line.strip())
+
+
+def problem_category(problem: Problem) -> str:
+    """Countdown: :func:`countdown_category`; GSM8K: ``"<n> steps"`` (:func:`gsm8k_steps`)."""
+    if problem.numbers:
+        return countdown_category(problem.numbers, int(problem.answer))
+    if problem.task == "gsm8k":
+        steps = gsm8k_steps(problem.solution)
+        return f"{steps} step{'s' if steps != 1 else ''}"
+    raise ValueError(f"{problem.id}: no category for task {problem.task!r} (neither Countdown numbers nor GSM8K)")
 
 
 def _wrap(expression: str) -> str:

@@ -231,6 +231,11 @@ def group_size_figure(points: pd.DataFrame, sizes: pd.DataFrame, title: str,
     for g, pts in points.groupby("n_samples_per_prompt"):
         ax.scatter(pts["reward_mean"], pts["mixed_group_fraction"], s=12, color=color.get(g, "0.3"),
                    edgecolor="k", linewidth=0.3, label=f"measured G={g}", zorder=3)
+        predicted = pts.dropna(subset=["predicted_per_group"]) if "predicted_per_group" in pts else pts.iloc[:0]
+        if len(predicted):  # the formula averaged over each group's own success rate
+            ax.scatter(predicted["reward_mean"], predicted["predicted_per_group"], s=14, facecolor="none",
+                       edgecolor=color.get(g, "0.3"), marker="D", linewidth=0.7, zorder=3,
+                       label=f"per-group prediction G={g}")
     ax.set_xlabel("p: success probability (measured: collection mean training reward)")
     ax.set_ylabel("Mixed-group probability / fraction")
     ax.legend(ncol=2, fontsize=7)
@@ -404,3 +409,65 @@ def _responses_to_target_panel(ax: plt.Axes, rt: pd.DataFrame, critical_train: f
     ax.set_xlabel("Optimizer batch B (responses per update)")
     ax.set_ylabel("Responses to target\n(first evaluation at or above it)")
     ax.legend(fontsize=7)
+
+
+def collapse_figure(series: pd.DataFrame, points: pd.DataFrame, labels: Sequence[str], threshold: float,
+                    title: str) -> Figure:
+    """Zero-advantage share per collection of every run (one thin line each, colored by recipe), the
+    collapse threshold dashed and each collapse marked with an x; beside it the mean token entropy
+    where recorded.
+
+    ``series``: :func:`analysis.zero_advantage_series` for one task and phase;
+    ``points``: :func:`analysis.collapse_points` of the same runs.
+    """
+    colors = label_colors(labels)
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.4))
+    for (label, _), run in series.groupby(["label", "run_id"], sort=False):
+        ax.plot(run["responses"], 100 * run["zero_advantage_fraction"], "-", lw=0.9, alpha=0.75,
+                color=colors.get(label, "0.5"))
+        if run["entropy_mean"].notna().any():
+            bx.plot(run["responses"], run["entropy_mean"], "-", lw=0.9, alpha=0.75, color=colors.get(label, "0.5"))
+    for label in labels:  # one legend entry per recipe
+        ax.plot([], [], "-", color=colors[label], label=label)
+    hit = points[points["collapsed"]].merge(series, left_on=["run_id", "collapse_collection"],
+                                             right_on=["run_id", "collection"], suffixes=("", "_s"))
+    ax.scatter(hit["responses"], 100 * hit["zero_advantage_fraction"], marker="x", s=40, color="k", zorder=4,
+               label="collapse")
+    ax.axhline(100 * threshold, color="0.4", ls="--", lw=0.8)
+    sources = sorted(series["source"].unique())
+    ax.set_ylabel("Groups with all-zero advantage (%)")
+    ax.set_title("zero-advantage share (" + "; ".join(sources) + ")", fontsize=8)
+    ax.set_ylim(0, 102)
+    if not series["entropy_mean"].notna().any():
+        bx.text(0.5, 0.5, "entropy not recorded for these runs", ha="center", va="center", transform=bx.transAxes)
+    bx.set_ylabel("Mean token entropy (nats)")
+    bx.set_title("entropy of the sampled responses", fontsize=8)
+    for a in (ax, bx):
+        a.set_xlabel("Cumulative training responses")
+        a.xaxis.set_major_locator(mpl.ticker.MaxNLocator(nbins=5))
+    return _title_and_legend_below(fig, ax, title)
+
+
+def category_curves_figure(table: pd.DataFrame, labels: Sequence[str], categories: Sequence[str],
+                           title: str) -> Figure:
+    """Validation accuracy per category over training, one panel per category, seed mean and range.
+
+    ``table``: :func:`analysis.category_curves` for one task.
+    """
+    colors = label_colors(labels)
+    n = len(categories)
+    fig, axes = plt.subplots(1, n, figsize=(2.6 * n, 3.0), sharey=True, squeeze=False)
+    for ax, cat in zip(axes[0], categories):
+        rows = table[table["category"] == cat]
+        for label in labels:
+            s = rows[rows["label"] == label].sort_values("responses")
+            if not s.empty:
+                plot_seed_curve(ax, s["responses"].to_numpy(), s["accuracy_pct"].to_numpy(), s["min_pct"].to_numpy(),
+                                s["max_pct"].to_numpy(), colors[label], label)
+        size = int(rows["problems"].iloc[0]) if len(rows) else 0
+        ax.set_title(f"{cat} ({size} problems)", fontsize=9)
+        ax.set_xlabel("Responses")
+        ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(nbins=3))
+    axes[0, 0].set_ylabel("Validation accuracy (%)")
+    axes[0, 0].set_ylim(-3, 103)
+    return _title_and_legend_below(fig, axes[0, 0], title)

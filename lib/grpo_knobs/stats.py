@@ -17,10 +17,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from itertools import combinations
 from typing import Sequence
 
 import numpy as np
 from scipy import special
+from scipy import stats as sps
 
 # Float slack for "at or above target": accuracies are ratios of counts, and a
 # value printed as the target must count as reaching it.
@@ -172,6 +174,187 @@ def paired_bootstrap(
         n_resamples=n_resamples,
         confidence=confidence,
         method=method,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Seed-level comparisons: the trained model is the unit
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HierarchicalBootstrap:
+    """Difference ``a - b`` in mean accuracy with a two-level (seeds, then problems) interval, in pp.
+
+    Each resample redraws the trained models of each recipe and then the
+    problems, so the interval covers what another set of training seeds, graded
+    on another draw of problems, could give. ``p_le_zero`` is the share of
+    resampled differences at or below zero.
+    """
+
+    mean_diff_pp: float
+    ci_low_pp: float
+    ci_high_pp: float
+    p_le_zero: float
+    n_seeds_a: int
+    n_seeds_b: int
+    n_problems: int
+    n_resamples: int
+    confidence: float
+
+
+def _check_same_problems(a: np.ndarray, b: np.ndarray) -> None:
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"a and b must grade the same problems; got {a.shape[1]} and {b.shape[1]} problem columns")
+
+
+def hierarchical_bootstrap(
+    a: np.ndarray | Sequence,
+    b: np.ndarray | Sequence,
+    n_resamples: int = 10_000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> HierarchicalBootstrap:
+    """Two-level bootstrap of mean accuracy ``a - b``: seeds, then problems.
+
+    ``a`` has shape [seeds_a, problems] and ``b`` [seeds_b, problems] (0/1 or
+    fractional scores, columns in the same problem order; the seed counts may
+    differ). Each resample draws ``seeds_a`` rows of ``a`` and ``seeds_b`` rows
+    of ``b`` independently with replacement (seed ``i`` of one recipe is not
+    paired with seed ``i`` of the other), then one set of problem indices with
+    replacement, applied to both recipes. The interval is the percentile
+    interval of the resampled differences.
+    """
+    a_arr = _as_score_matrix(a, "a")
+    b_arr = _as_score_matrix(b, "b")
+    _check_same_problems(a_arr, b_arr)
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1); got {confidence}")
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be positive; got {n_resamples}")
+    rng = np.random.default_rng(seed)
+    (n_a, n_p), n_b = a_arr.shape, b_arr.shape[0]
+    boot = np.empty(n_resamples)  # [n_resamples]
+    for start in range(0, n_resamples, _CHUNK):
+        size = min(_CHUNK, n_resamples - start)
+        # Multinomial counts are the histograms of uniform index draws with replacement.
+        w_a = rng.multinomial(n_a, np.full(n_a, 1 / n_a), size=size) / n_a  # [size, seeds_a]
+        w_b = rng.multinomial(n_b, np.full(n_b, 1 / n_b), size=size) / n_b  # [size, seeds_b]
+        w_p = rng.multinomial(n_p, np.full(n_p, 1 / n_p), size=size) / n_p  # [size, problems]
+        per_problem = w_a @ a_arr - w_b @ b_arr  # [size, problems]: resampled seed means per problem
+        boot[start:start + size] = np.sum(per_problem * w_p, axis=1)
+    alpha = 1.0 - confidence
+    low, high = np.percentile(boot, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+    return HierarchicalBootstrap(
+        mean_diff_pp=100 * float(a_arr.mean() - b_arr.mean()),
+        ci_low_pp=100 * float(low),
+        ci_high_pp=100 * float(high),
+        p_le_zero=float(np.mean(boot <= _TARGET_ATOL)),
+        n_seeds_a=n_a,
+        n_seeds_b=n_b,
+        n_problems=n_p,
+        n_resamples=n_resamples,
+        confidence=confidence,
+    )
+
+
+@dataclass(frozen=True)
+class SeedPermutationTest:
+    """Exact permutation test of the difference in seed-mean accuracy ``a - b``, in pp.
+
+    ``p_value`` is the share of the ``n_relabellings`` ways to split the pooled
+    per-seed means into groups of ``n_seeds_a`` and ``n_seeds_b`` whose
+    difference is at least as extreme as the observed one (``alternative``:
+    "greater", "less" or "two-sided"). Its smallest possible value is
+    ``1 / n_relabellings``.
+    """
+
+    mean_diff_pp: float
+    p_value: float
+    alternative: str
+    n_relabellings: int
+    n_seeds_a: int
+    n_seeds_b: int
+
+
+def _per_seed_means(x: np.ndarray | Sequence, name: str) -> np.ndarray:
+    """[seeds] from [seeds, problems] (row means) or [seeds] (already per seed)."""
+    arr = np.asarray(x, dtype=float)
+    if arr.ndim == 1:
+        arr = arr[:, None]
+    return _as_score_matrix(arr, name).mean(axis=1)
+
+
+def seed_permutation_test(
+    a: np.ndarray | Sequence, b: np.ndarray | Sequence, alternative: str = "greater"
+) -> SeedPermutationTest:
+    """Exact permutation p-value for ``a - b`` over all relabellings of the per-seed means.
+
+    ``a`` has shape [seeds_a, problems] or [seeds_a] (per-seed accuracies),
+    ``b`` likewise; both in the same units. Every one of the
+    ``C(seeds_a + seeds_b, seeds_a)`` assignments of the pooled per-seed means
+    to recipe ``a`` is enumerated, so the p-value is exact, not Monte Carlo.
+    """
+    if alternative not in ("greater", "less", "two-sided"):
+        raise ValueError(f"alternative must be 'greater', 'less' or 'two-sided'; got {alternative!r}")
+    m_a, m_b = _per_seed_means(a, "a"), _per_seed_means(b, "b")
+    pooled = np.concatenate([m_a, m_b])  # [seeds_a + seeds_b]
+    n_a, total = m_a.size, pooled.sum()
+    groups = np.array(list(combinations(range(pooled.size), n_a)))  # [relabellings, seeds_a]
+    sum_a = pooled[groups].sum(axis=1)  # [relabellings]
+    diffs = sum_a / n_a - (total - sum_a) / m_b.size  # [relabellings]
+    observed = m_a.mean() - m_b.mean()
+    tol = 1e-12 * max(1.0, float(np.abs(pooled).max()))  # ties must count as "at least as extreme"
+    if alternative == "greater":
+        extreme = diffs >= observed - tol
+    elif alternative == "less":
+        extreme = diffs <= observed + tol
+    else:
+        extreme = np.abs(diffs) >= abs(observed) - tol
+    return SeedPermutationTest(
+        mean_diff_pp=100 * float(observed),
+        p_value=float(extreme.mean()),
+        alternative=alternative,
+        n_relabellings=len(groups),
+        n_seeds_a=n_a,
+        n_seeds_b=m_b.size,
+    )
+
+
+@dataclass(frozen=True)
+class WelchInterval:
+    """Welch's t interval for the difference in seed-mean accuracy ``a - b``, in pp.
+
+    Treats each trained model's accuracy as one observation; ``df`` is the
+    Welch-Satterthwaite degrees of freedom and ``p_value`` is two-sided.
+    """
+
+    mean_diff_pp: float
+    ci_low_pp: float
+    ci_high_pp: float
+    df: float
+    p_value: float
+    confidence: float
+
+
+def seed_welch_interval(
+    a: np.ndarray | Sequence, b: np.ndarray | Sequence, confidence: float = 0.95
+) -> WelchInterval:
+    """Welch's unequal-variance t interval on per-seed mean accuracies.
+
+    ``a`` [seeds_a, problems] or [seeds_a], ``b`` likewise; each recipe needs
+    at least two seeds.
+    """
+    m_a, m_b = _per_seed_means(a, "a"), _per_seed_means(b, "b")
+    if m_a.size < 2 or m_b.size < 2:
+        raise ValueError(f"Welch's interval needs at least two seeds per recipe; got {m_a.size} and {m_b.size}")
+    res = sps.ttest_ind(m_a, m_b, equal_var=False)
+    ci = res.confidence_interval(confidence_level=confidence)
+    return WelchInterval(
+        mean_diff_pp=100 * float(m_a.mean() - m_b.mean()),
+        ci_low_pp=100 * float(ci.low),
+        ci_high_pp=100 * float(ci.high),
+        df=float(res.df),
+        p_value=float(res.pvalue),
+        confidence=confidence,
     )
 
 
@@ -344,6 +527,20 @@ def mixed_group_probability(p: np.ndarray | float, G: np.ndarray | int) -> np.nd
     if np.any(g_arr < 1) or not np.all(np.equal(np.mod(g_arr, 1), 0)):
         raise ValueError("G must be a positive integer group size")
     return 1.0 - p_arr**g_arr - (1.0 - p_arr) ** g_arr
+
+
+def predicted_mixed_fraction(success: np.ndarray | Sequence, G: int) -> float:
+    """Mean over groups of ``1 - p**G - (1 - p)**G``, one ``p`` per group.
+
+    ``success`` has shape [groups]: each group's own success rate (e.g. its
+    mean reward). Averaging the formula over per-group rates, rather than
+    evaluating it at the mean rate, keeps the spread of difficulty: groups
+    that always or never succeed contribute nothing.
+    """
+    p = np.asarray(success, dtype=float)
+    if p.ndim != 1 or p.size == 0:
+        raise ValueError(f"success must have shape [groups] with groups > 0; got {p.shape}")
+    return float(np.mean(mixed_group_probability(p, G)))
 
 
 def mixed_group_fraction(rewards: np.ndarray | Sequence) -> float:

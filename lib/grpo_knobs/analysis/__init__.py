@@ -10,7 +10,7 @@ as an``); each lives in the module for its job:
 
 - :mod:`.constants`: the study's vocabulary (phases, shape columns, recipe
   names, screening questions, group arms)
-- :mod:`.paths`: notebook parameters resolved against the repository root
+- :mod:`.paths`: notebook setup; parameters resolved against the repository root
 - :mod:`.ordering`: display order of tasks and recipe labels
 - :mod:`.selection`: what an incomplete study has (phases, arms, targets,
   comparable pairs, a matching benchmark)
@@ -21,6 +21,9 @@ as an``); each lives in the module for its job:
 - :mod:`.confirmation`, :mod:`.time_to_target`, :mod:`.group_size`,
   :mod:`.reward_audit`, :mod:`.screening`, :mod:`.critical_batch`: the
   tables of notebooks 51 to 56
+- :mod:`.categories`: problem categories (notebook 57)
+- :mod:`.collapse`: zero-advantage share, collapse points, per-group mixing prediction
+- :mod:`.completions`: sampled training responses and evaluation responses
 - :mod:`.tables`: display formatting and writing tables to CSV and Markdown
 
 Frames
@@ -50,7 +53,39 @@ when the study's arm names are absent) and return one-line notes for what is
 missing, so the notebooks skip a table or figure instead of failing.
 """
 
+from grpo_knobs.analysis.categories import (
+    category_curves,
+    category_decomposition,
+    category_order,
+    category_sizes,
+    category_test_table,
+    exact_category_solutions,
+    pool_coverage,
+    problem_categories,
+    shared_numbers,
+    tag_categories,
+)
+from grpo_knobs.analysis.collapse import (
+    COLLAPSE_MIN_RESPONSES,
+    COLLAPSE_THRESHOLD,
+    CollapseRule,
+    add_collapse_column,
+    collapse_points,
+    describe_collapse,
+    group_mixing_prediction,
+    mixing_prediction_summary,
+    zero_advantage_series,
+)
+from grpo_knobs.analysis.completions import (
+    SAMPLES_FILE,
+    completion_examples,
+    eval_response_examples,
+    load_samples,
+    print_examples,
+)
 from grpo_knobs.analysis.confirmation import (
+    INTERVAL_MEANINGS,
+    comparison_side_by_side,
     confirmation_run_table,
     default_comparisons,
     format_comparisons,
@@ -58,6 +93,13 @@ from grpo_knobs.analysis.confirmation import (
     paired_job_times,
     phase_cost_table,
     recipe_test_scores,
+    decode_path_note,
+    format_seed_level,
+    job_time_path_notes,
+    seed_count_change,
+    seed_level_comparisons,
+    tested_pairs,
+    tested_seeds,
     truncation_range,
     truncation_table,
 )
@@ -97,7 +139,7 @@ from grpo_knobs.analysis.loading import (
     load_study,
 )
 from grpo_knobs.analysis.ordering import order_tasks, recipe_order, sort_tasks
-from grpo_knobs.analysis.paths import resolve_path
+from grpo_knobs.analysis.paths import notebook_setup, resolve_path
 from grpo_knobs.analysis.reward_audit import initial_test_grading, reward_audit_examples, reward_audit_summary
 from grpo_knobs.analysis.screening import screening_table
 from grpo_knobs.analysis.selection import (
@@ -128,7 +170,15 @@ __all__ = [
     # constants
     "GROUP_ARMS", "PHASES", "SCREENING_QUESTIONS", "SHAPE_COLUMNS", "STUDY_RECIPE_NAMES",
     # paths
-    "resolve_path",
+    "notebook_setup", "resolve_path",
+    # categories
+    "category_curves", "category_decomposition", "category_order", "category_sizes", "category_test_table",
+    "exact_category_solutions", "pool_coverage", "problem_categories", "shared_numbers", "tag_categories",
+    # collapse
+    "COLLAPSE_MIN_RESPONSES", "COLLAPSE_THRESHOLD", "CollapseRule", "add_collapse_column", "collapse_points",
+    "describe_collapse", "group_mixing_prediction", "mixing_prediction_summary", "zero_advantage_series",
+    # completions
+    "SAMPLES_FILE", "completion_examples", "eval_response_examples", "load_samples", "print_examples",
     # ordering
     "order_tasks", "recipe_order", "sort_tasks",
     # selection
@@ -144,6 +194,8 @@ __all__ = [
     # confirmation
     "confirmation_run_table", "default_comparisons", "format_comparisons", "paired_comparisons", "paired_job_times",
     "phase_cost_table", "recipe_test_scores", "truncation_range", "truncation_table",
+    "INTERVAL_MEANINGS", "comparison_side_by_side", "seed_count_change", "seed_level_comparisons",
+    "decode_path_note", "format_seed_level", "job_time_path_notes", "tested_pairs", "tested_seeds",
     # time_to_target
     "time_to_target_summary", "time_to_target_table",
     # group_size

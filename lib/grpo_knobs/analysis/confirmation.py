@@ -76,29 +76,70 @@ def paired_comparisons(runs: pd.DataFrame, tests: pd.DataFrame, task: str,
     return pd.DataFrame(rows)
 
 
-def paired_job_times(runs: pd.DataFrame, task: str, pairs: Sequence[tuple[str, str]]) -> pd.DataFrame:
-    """Job-time change of ``x`` against ``y`` per pair, seeds paired by number (the study's
-    "time reduction": 1 - x / y, positive when ``x`` finishes sooner).
+def _rollout_paths(runs: pd.DataFrame) -> pd.Series:
+    """Each run's recorded decode path; runs that predate the record share one "unrecorded" path."""
+    paths = runs["rollout_path"] if "rollout_path" in runs else pd.Series(None, index=runs.index, dtype=object)
+    return paths.fillna("unrecorded").astype(str)
 
-    Uses the seeds both recipes have; a pair without a common seed is left out.
+
+def decode_path_note(runs: pd.DataFrame, task: str) -> str | None:
+    """A line naming the decode paths when the task's runs used more than one, else None: times in
+    seconds then depend on the path as well as the recipe, while response counts do not."""
+    task_runs = runs[runs["task"] == task]
+    paths = _rollout_paths(task_runs)
+    if paths.nunique() < 2:
+        return None
+    counts = ", ".join(f"{path} {n}" for path, n in paths.value_counts().sort_index().items())
+    return (f"{task}: runs used more than one decode path (runs per path: {counts}); times in seconds "
+            "mix them, compare recipes on responses or within one path")
+
+
+def job_time_path_notes(runs: pd.DataFrame, task: str, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """One line per pair whose seed pairs include runs on different decode paths (left out of
+    :func:`paired_job_times`, since job time depends on the path); empty when every seed pair is on one path."""
+    notes = []
+    task_runs = runs[runs["task"] == task].assign(_path=lambda r: _rollout_paths(r))
+    for x, y in pairs:
+        paths = {label: task_runs[task_runs["label"] == label].set_index("seed")["_path"] for label in (x, y)}
+        common = sorted(set(paths[x].index) & set(paths[y].index))
+        mixed = [s for s in common if paths[x][s] != paths[y][s]]
+        if mixed:
+            notes.append(f"{task}: {x} versus {y}: job times of seeds {mixed} left out (runs on different decode "
+                         f"paths); accuracy comparisons use every seed")
+    return notes
+
+
+def paired_job_times(runs: pd.DataFrame, task: str, pairs: Sequence[tuple[str, str]]) -> pd.DataFrame:
+    """Job-time change of ``x`` against ``y`` per pair and decode path, seeds paired by number (the
+    study's "time reduction": 1 - x / y, positive when ``x`` finishes sooner).
+
+    Job time depends on the decode path a run used (``rollout_path``; runs
+    that predate the record count as one "unrecorded" path), so a seed pair
+    counts only when both runs used the same path, and each path gets its own
+    row (:func:`job_time_path_notes` lists the seed pairs left out). A pair
+    without such a seed is left out.
     """
     rows = []
+    task_runs = runs[runs["task"] == task].assign(_path=lambda r: _rollout_paths(r))
     for x, y in pairs:
-        minutes = {label: runs[(runs["task"] == task) & (runs["label"] == label)].set_index("seed")["job_seconds"] / 60
-                   for label in (x, y)}
-        seeds = sorted(set(minutes[x].index) & set(minutes[y].index))
-        if not seeds:
-            continue
-        a, b = minutes[x].loc[seeds].to_numpy(), minutes[y].loc[seeds].to_numpy()  # [seeds]
-        reductions = 100 * (1 - a / b)  # [seeds]
-        rows.append({
-            "task": task, "comparison": f"{x} versus {y}", "x_job_min": a.mean(), "y_job_min": b.mean(),
-            "ratio": a.mean() / b.mean(), "reduction_pct": 100 * (1 - a.mean() / b.mean()),
-            "seed_reductions_pct": tuple(float(r) for r in reductions), "seeds_faster": int((reductions > 0).sum()),
-            "n_seeds": len(seeds),
-        })
-    return pd.DataFrame(rows, columns=["task", "comparison", "x_job_min", "y_job_min", "ratio", "reduction_pct",
-                                       "seed_reductions_pct", "seeds_faster", "n_seeds"])
+        chosen = {label: task_runs[task_runs["label"] == label].set_index("seed") for label in (x, y)}
+        common = sorted(set(chosen[x].index) & set(chosen[y].index))
+        by_path: dict[str, list] = {}
+        for seed in common:
+            if chosen[x].at[seed, "_path"] == chosen[y].at[seed, "_path"]:
+                by_path.setdefault(chosen[x].at[seed, "_path"], []).append(seed)
+        for path, seeds in sorted(by_path.items()):
+            a = chosen[x].loc[seeds, "job_seconds"].to_numpy() / 60  # [seeds]
+            b = chosen[y].loc[seeds, "job_seconds"].to_numpy() / 60  # [seeds]
+            reductions = 100 * (1 - a / b)  # [seeds]
+            rows.append({
+                "task": task, "comparison": f"{x} versus {y}", "rollout_path": path, "x_job_min": a.mean(),
+                "y_job_min": b.mean(), "ratio": a.mean() / b.mean(), "reduction_pct": 100 * (1 - a.mean() / b.mean()),
+                "seed_reductions_pct": tuple(float(r) for r in reductions),
+                "seeds_faster": int((reductions > 0).sum()), "n_seeds": len(seeds),
+            })
+    return pd.DataFrame(rows, columns=["task", "comparison", "rollout_path", "x_job_min", "y_job_min", "ratio",
+                                       "reduction_pct", "seed_reductions_pct", "seeds_faster", "n_seeds"])
 
 
 def format_comparisons(table: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
@@ -117,10 +158,13 @@ def phase_cost_table(runs: pd.DataFrame, labels: Sequence[str] | None = None) ->
 
     "Other" is job time minus the recorded phases (generation, trainer,
     sync), as in the study: it holds initialization, validation, checkpoint
-    saving and orchestration.
+    saving and orchestration. When the runs used more than one decode path
+    (``rollout_path``), each path gets its own rows, since times depend on it.
     """
+    paths = _rollout_paths(runs)
+    by_path = paths.nunique() > 1
     per_run = pd.DataFrame({
-        "task": runs["task"], "recipe": runs["label"],
+        "task": runs["task"], "recipe": runs["label"], **({"rollout_path": paths} if by_path else {}),
         "generate_min": runs["generation_seconds"] / 60,
         "trainer_min": runs["trainer_seconds"] / 60,
         "sync_min": runs["sync_seconds"] / 60,
@@ -128,9 +172,10 @@ def phase_cost_table(runs: pd.DataFrame, labels: Sequence[str] | None = None) ->
                       - runs["sync_seconds"]) / 60,
         "output_million_tokens": runs["output_tokens"] / 1e6,
     })
-    table = per_run.groupby(["task", "recipe"], sort=False).mean().reset_index()
-    table["n_runs"] = per_run.groupby(["task", "recipe"], sort=False).size().to_numpy()
-    return _sort_by_labels(table, labels, ["task", "recipe"])
+    keys = ["task", "recipe", "rollout_path"] if by_path else ["task", "recipe"]
+    table = per_run.groupby(keys, sort=False).mean().reset_index()
+    table["n_runs"] = per_run.groupby(keys, sort=False).size().to_numpy()
+    return _sort_by_labels(table, labels, keys)
 
 
 def truncation_table(runs: pd.DataFrame, labels: Sequence[str] | None = None) -> pd.DataFrame:
@@ -146,3 +191,139 @@ def truncation_table(runs: pd.DataFrame, labels: Sequence[str] | None = None) ->
 def truncation_range(table: pd.DataFrame) -> pd.DataFrame:
     """Per task: min and max terminal-test truncation % across runs."""
     return table.groupby("task", sort=False)["test_truncation_pct"].agg(["min", "max", "count"]).reset_index()
+
+
+def _unpaired_test_scores(runs: pd.DataFrame, tests: pd.DataFrame, task: str, x: str, y: str,
+                          max_seeds: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Test scores [seeds, problems] of ``x`` and ``y`` on the same problem columns; with
+    ``max_seeds`` only each recipe's lowest-numbered seeds."""
+    a, seeds_a, ids_a = recipe_test_scores(tests, runs, x, task)
+    b, seeds_b, ids_b = recipe_test_scores(tests, runs, y, task)
+    if ids_a != ids_b:
+        raise ValueError(f"{x!r} and {y!r} on {task} graded different test problems")
+    if max_seeds is not None:
+        a, b = a[np.argsort(seeds_a)[:max_seeds]], b[np.argsort(seeds_b)[:max_seeds]]
+    return a, b
+
+
+def seed_level_comparisons(runs: pd.DataFrame, tests: pd.DataFrame, task: str,
+                           pairs: Sequence[tuple[str, str]], n_resamples: int = 10_000, seed: int = 0,
+                           confidence: float = 0.95, max_seeds: int | None = None) -> pd.DataFrame:
+    """Test-accuracy differences ``x - y`` with the trained model as the unit, per pair.
+
+    Three views of the same difference: the two-level bootstrap
+    (:func:`stats.hierarchical_bootstrap`, seeds then problems), the exact
+    one-sided permutation test over the per-seed means
+    (:func:`stats.seed_permutation_test`, H1: ``x`` is better) and Welch's t
+    interval on the per-seed means (NaN with fewer than two seeds). Seeds are
+    not paired, so the recipes may have different seed counts; ``max_seeds``
+    keeps each recipe's lowest-numbered seeds.
+    """
+    rows = []
+    for x, y in pairs:
+        a, b = _unpaired_test_scores(runs, tests, task, x, y, max_seeds)  # [seeds_x, problems], [seeds_y, problems]
+        boot = stats.hierarchical_bootstrap(a, b, n_resamples=n_resamples, seed=seed, confidence=confidence)
+        perm = stats.seed_permutation_test(a, b, alternative="greater")
+        welch = (stats.seed_welch_interval(a, b, confidence) if min(len(a), len(b)) >= 2 else None)
+        rows.append({
+            "task": task, "comparison": f"{x} versus {y}", "n_seeds_x": len(a), "n_seeds_y": len(b),
+            "n_problems": a.shape[1], "mean_pp": boot.mean_diff_pp,
+            "hier_low_pp": boot.ci_low_pp, "hier_high_pp": boot.ci_high_pp,
+            "perm_p_greater": perm.p_value, "n_relabellings": perm.n_relabellings,
+            "welch_low_pp": welch.ci_low_pp if welch else np.nan,
+            "welch_high_pp": welch.ci_high_pp if welch else np.nan,
+            "welch_p_two_sided": welch.p_value if welch else np.nan,
+        })
+    return pd.DataFrame(rows)
+
+
+def tested_seeds(runs: pd.DataFrame, tests: pd.DataFrame, task: str) -> dict[str, list[int]]:
+    """Seeds with terminal test rows, per recipe label of ``task``."""
+    tested = tests.merge(runs[runs["task"] == task][["run_id", "label", "seed"]], on="run_id")
+    return {label: sorted(int(s) for s in set(g)) for label, g in tested.groupby("label")["seed"]}
+
+
+def tested_pairs(runs: pd.DataFrame, tests: pd.DataFrame, task: str,
+                 pairs: Sequence[tuple[str, str]]) -> tuple[list[tuple[str, str]], list[str]]:
+    """The pairs :func:`seed_level_comparisons` can compare (both recipes have test rows; their
+    seeds may differ), and a note per pair it cannot."""
+    seeds = tested_seeds(runs, tests, task)
+    ok, notes = [], []
+    for x, y in pairs:
+        missing = [lab for lab in (x, y) if lab not in seeds]
+        if missing:
+            notes.append(f"{task}: {x} versus {y}: no terminal test rows for {', '.join(missing)}")
+        else:
+            ok.append((x, y))
+    return ok, notes
+
+
+def format_seed_level(table: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
+    """Display strings of :func:`seed_level_comparisons` rows (and its ``seeds`` column if present)."""
+    level = round(100 * confidence)
+    shown = pd.DataFrame({"Comparison": table["comparison"]})
+    if "seeds" in table:
+        shown["Seeds used"] = table["seeds"]
+    shown["Seeds x / y"] = [f"{x} / {y}" for x, y in zip(table["n_seeds_x"], table["n_seeds_y"])]
+    shown["Problems"] = table["n_problems"].astype(int)
+    shown["Mean pp"] = table["mean_pp"].map(lambda v: f"{v:+.2f}")
+    shown[f"Seed-level {level}% (seeds, then problems)"] = [
+        f"[{lo:+.2f}, {hi:+.2f}]" for lo, hi in zip(table["hier_low_pp"], table["hier_high_pp"])]
+    shown["Permutation p (one-sided)"] = [f"{p:.3f} (of {n})" for p, n in
+                                          zip(table["perm_p_greater"], table["n_relabellings"])]
+    shown[f"Welch {level}%"] = [
+        "n/a" if np.isnan(lo) else f"[{lo:+.2f}, {hi:+.2f}], p={p:.2f}"
+        for lo, hi, p in zip(table["welch_low_pp"], table["welch_high_pp"], table["welch_p_two_sided"])]
+    return shown.reset_index(drop=True)
+
+
+def comparison_side_by_side(conditional: pd.DataFrame, seed_level: pd.DataFrame,
+                            confidence: float = 0.95) -> pd.DataFrame:
+    """The conditional (problem-bootstrap) and seed-level intervals of each comparison, one row each.
+
+    ``conditional`` comes from :func:`paired_comparisons`, ``seed_level`` from
+    :func:`seed_level_comparisons`; a comparison missing from ``conditional``
+    (seeds not paired) shows n/a there.
+    """
+    level = round(100 * confidence)
+    shown = format_seed_level(seed_level, confidence)
+    cond = conditional.set_index("comparison") if len(conditional) else pd.DataFrame(columns=["ci_low_pp"])
+    column = [f"[{cond.at[c, 'ci_low_pp']:+.2f}, {cond.at[c, 'ci_high_pp']:+.2f}]" if c in cond.index
+              else "n/a (seeds not paired)" for c in seed_level["comparison"]]
+    shown.insert(4, f"Conditional {level}% (problems)", column)
+    return shown
+
+
+INTERVAL_MEANINGS = {
+    "conditional": ("Conditional interval: how much the difference between these particular trained models "
+                    "could move if they were graded on another draw of test problems of the same kind."),
+    "hierarchical": ("Seed-level interval: how much the difference between the recipes could move with other "
+                     "training seeds and other test problems; seeds are resampled per recipe, not paired."),
+    "permutation": ("Permutation p: the share of all ways to relabel the trained models between the two recipes "
+                    "that give a difference in seed-mean accuracy at least as large as the observed one."),
+    "welch": ("Welch interval: a t interval that treats each trained model's test accuracy as one observation; "
+              "with three seeds per recipe it has about two degrees of freedom and is wide."),
+}
+
+
+def seed_count_change(runs: pd.DataFrame, tests: pd.DataFrame, task: str, pairs: Sequence[tuple[str, str]],
+                      first: int = 3, n_resamples: int = 10_000, seed: int = 0,
+                      confidence: float = 0.95) -> pd.DataFrame:
+    """The seed-level comparison on each recipe's first ``first`` seeds and on all its seeds.
+
+    Only pairs where a recipe has more than ``first`` tested seeds appear (an
+    empty frame when none has). Column ``seeds`` says which rows are which.
+    """
+    task_runs = runs[runs["task"] == task]
+    tested = tests.merge(task_runs[["run_id", "label", "seed"]], on="run_id")
+    counts = tested.groupby("label")["seed"].nunique()
+    grown = [(x, y) for x, y in pairs if max(counts.get(x, 0), counts.get(y, 0)) > first]
+    if not grown:
+        return pd.DataFrame()
+    few = seed_level_comparisons(runs, tests, task, grown, n_resamples, seed, confidence, max_seeds=first)
+    every = seed_level_comparisons(runs, tests, task, grown, n_resamples, seed, confidence)
+    table = pd.concat([few.assign(seeds=f"first {first}"), every.assign(seeds="all")], ignore_index=True)
+    order = {c: i for i, c in enumerate(every["comparison"])}
+    table = table.sort_values(["comparison", "seeds"], key=lambda s: s.map(order) if s.name == "comparison" else
+                              s.map(lambda v: 0 if v.startswith("first") else 1), ignore_index=True)
+    return table[["task", "comparison", "seeds", *[c for c in every.columns if c not in ("task", "comparison")]]]

@@ -7,18 +7,20 @@ from typing import Sequence
 import pandas as pd
 
 from grpo_knobs import stats
+from grpo_knobs.analysis.collapse import group_mixing_prediction
 from grpo_knobs.analysis.constants import GROUP_ARMS
 from grpo_knobs.analysis.ordering import sort_tasks
 
 
 def mixed_group_points(collections: pd.DataFrame, runs: pd.DataFrame,
                        arms: Sequence[str] = GROUP_ARMS, phase: str = "screening") -> pd.DataFrame:
-    """Per collection of the group arms: mean training reward and measured mixed fraction."""
+    """Per collection of the group arms: mean training reward, measured mixed fraction and, where
+    ``group_reward_means`` was recorded, the per-group prediction (NaN otherwise; see
+    :func:`grpo_knobs.analysis.group_mixing_prediction`)."""
     chosen = runs[runs["arm"].isin(arms) & (runs["phase"] == phase)]
-    cols = ["run_id", "task", "arm", "seed", "n_samples_per_prompt"]
-    merged = collections.merge(chosen[cols], on="run_id")
-    return merged[cols[1:] + ["collection", "reward_mean", "mixed_group_fraction"]].sort_values(
-        ["task", "n_samples_per_prompt", "seed", "collection"], ignore_index=True)
+    predicted = group_mixing_prediction(collections, chosen)
+    return predicted[["task", "arm", "seed", "n_samples_per_prompt", "collection", "reward_mean",
+                      "mixed_group_fraction", "predicted_per_group"]]
 
 
 def group_size_table(runs: pd.DataFrame, arms: Sequence[str] = GROUP_ARMS,

@@ -14,3 +14,30 @@ def resolve_path(path: str | Path, root: Path) -> Path:
     """
     p = Path(path)
     return p if p.is_absolute() else root / p
+
+
+def notebook_setup() -> Path:
+    """Set up an analysis notebook and return the repository root to resolve its parameters against.
+
+    Configures the figures (:func:`grpo_knobs.plots.configure`, inline
+    display under IPython) and pandas' display width. The root is the
+    checkout whose ``grpo_knobs`` is imported, so papermill (cwd: the
+    repository) and nbval (cwd: ``notebooks/``) resolve ``study_dir`` and
+    ``out_dir`` the same way.
+    """
+    import pandas as pd
+
+    from grpo_knobs import plots
+    from grpo_knobs.provenance import REPO_ROOT
+
+    try:
+        from IPython import get_ipython
+    except ImportError:  # plain Python: figures are only saved
+        get_ipython = None
+    shell = get_ipython() if get_ipython else None
+    if shell is not None:
+        shell.run_line_magic("matplotlib", "inline")
+    plots.configure()
+    pd.set_option("display.width", 200)
+    pd.set_option("display.max_columns", 40)
+    return REPO_ROOT

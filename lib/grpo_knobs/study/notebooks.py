@@ -1,4 +1,4 @@
-"""The analysis notebooks (50-56) executed through papermill: on a study directory, or the
+"""The analysis notebooks (50-57) executed through papermill: on a study directory, or the
 committed ones in place."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from ..provenance import REPO_ROOT
 
 
 ANALYSIS_NOTEBOOKS = ("50_learning_curves", "51_confirmation", "52_time_to_target", "53_group_size",
-                      "54_reward_audit", "55_screening", "56_critical_batch")
+                      "54_reward_audit", "55_screening", "56_critical_batch", "57_categories")
 
 
 def run_analysis(study_dir: str | Path, out_dir: str | Path | None = None,
