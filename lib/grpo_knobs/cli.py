@@ -16,12 +16,17 @@ def _cmd_knobs(a: argparse.Namespace) -> int:
     from .knobs import BatchPlan
     plan = BatchPlan(a.rollout_batch_size, a.n_samples_per_prompt, a.global_batch_size, a.num_steps_per_rollout)
     summary = plan.summary(a.response_budget, a.eval_every_responses if a.response_budget else None)
+    from .conventions import format_settings, shape_settings
+    peers = shape_settings(plan, a.response_budget)
     if a.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(summary | peers, indent=2))
         return 0
     print(plan.describe())
     for k, v in summary.items():
         print(f"  {k:<26} {v}")
+    for name, label in (("trl", "TRL GRPOConfig (one process)"), ("verl", "verl")):
+        settings = peers[name]
+        print(f"{label}: {format_settings(settings) if isinstance(settings, dict) else settings}")
     return 0
 
 

@@ -17,8 +17,11 @@ from .knobs import BatchPlan
 
 LOSS_AGGREGATIONS = ("sequence-mean", "token-mean")
 ENGINES = ("hf", "sglang")
+TRACKERS = ("none", "tensorboard", "trackio")
 PHASES = ("adhoc", "screening", "lr-followup", "confirmation", "pilot")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# Old parameter names still read (with a DeprecationWarning) from mappings, YAML, papermill and recorded configs.
+DEPRECATED_NAMES = {"generation_batch_size": "max_concurrent_sequences"}
 
 
 @dataclass
@@ -59,7 +62,8 @@ class RunConfig:
     # --- memory and speed (never change the learning algorithm)
     micro_batch_size: int | None = field(default=None, metadata={"help": "Responses per micro-batch (alternative to the token budget)."})
     max_tokens_per_micro_batch: int | None = field(default=8192, metadata={"help": "Token budget per micro-batch (packing)."})
-    generation_batch_size: int = field(default=512, metadata={"help": "Most sequences generated at once (concurrency cap)."})
+    max_concurrent_sequences: int = field(default=512, metadata={
+        "help": "Most sequences generated at once (concurrency cap; not TRL's generation_batch_size, which is P x G)."})
     engine: str = field(default="hf", metadata={"help": "Rollout engine: hf or sglang."})
     engine_url: str | None = field(default=None, metadata={"help": "sglang: attach to this server instead of launching one."})
     fast_rollout: str = field(default="auto", metadata={
@@ -73,6 +77,9 @@ class RunConfig:
     save_checkpoint: bool = field(default=True, metadata={"help": "Save final/ safetensors at the end."})
     resume_every_collections: int = field(default=0, metadata={"help": "Save resumable state every N collections (0: at evaluations)."})
     data_dir: str | None = field(default=None, metadata={"help": "GSM8K directory (else GRPO_KNOBS_DATA or ../shared/data/gsm8k)."})
+    tracker: str = field(default="none", metadata={
+        "help": "Also log scalars live to none, tensorboard or trackio (beside the records; never replaces them)."})
+    tracking_dir: str | None = field(default=None, metadata={"help": "Where the tracker writes; None = <run_dir>/tracking."})
     # --- labels used by studies and analysis
     study: str = field(default="adhoc", metadata={"help": "Study name recorded with the run."})
     phase: str = field(default="adhoc", metadata={"help": "screening, lr-followup, confirmation, pilot or adhoc."})
@@ -126,6 +133,8 @@ class RunConfig:
             raise ValueError("weight_decay and kl_coef must be >= 0 and grad_clip > 0.")
         if self.loss_aggregation not in LOSS_AGGREGATIONS:
             raise ValueError(f"loss_aggregation must be one of {LOSS_AGGREGATIONS}, got {self.loss_aggregation!r}.")
+        if self.tracker not in TRACKERS:
+            raise ValueError(f"tracker must be one of {TRACKERS}, got {self.tracker!r}.")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}.")
         if self.fast_rollout not in ("auto", "on", "off", "fused"):
@@ -140,7 +149,7 @@ class RunConfig:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
                 raise ValueError(f"{name} must be a positive integer or None, got {v!r}.")
-        for name in ("max_new_tokens", "generation_batch_size"):
+        for name in ("max_new_tokens", "max_concurrent_sequences"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}.")
@@ -161,6 +170,7 @@ class RunConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "RunConfig":
         """Build from a mapping, refusing unknown keys with the closest valid names."""
+        values = rename_deprecated(values)
         known = set(cls.field_names())
         unknown = sorted(set(values) - known)
         if unknown:
@@ -171,6 +181,40 @@ class RunConfig:
         return cls(**values)
 
     @classmethod
+    def from_parameters(cls, namespace: dict[str, Any]) -> "RunConfig":
+        """Build from a notebook's globals: its parameter cell's fields, plus any deprecated name
+        papermill injected (which then overrides the new name's default)."""
+        values = {k: v for k, v in namespace.items() if k in cls.field_names()}
+        for old, new in DEPRECATED_NAMES.items():
+            if namespace.get(old) is not None:
+                values.pop(new, None)
+                values[old] = namespace[old]
+        return cls.from_dict(values)
+
+    @classmethod
+    def from_trl(cls, config: Any, **fields: Any) -> "RunConfig":
+        """A run from a TRL ``GRPOConfig`` (or a mapping of its keys); ``fields`` set what TRL does not hold.
+        Settings the study cannot express are refused (see ``grpo_knobs.conventions``)."""
+        from .conventions import from_trl
+        return cls.from_dict({**from_trl(config), **fields})
+
+    def to_trl(self, num_processes: int = 1, gradient_accumulation_steps: int = 1) -> dict[str, Any]:
+        """TRL ``GRPOConfig`` keyword arguments for this run."""
+        from .conventions import to_trl
+        return to_trl(self, num_processes=num_processes, gradient_accumulation_steps=gradient_accumulation_steps)
+
+    @classmethod
+    def from_verl(cls, config: Any, **fields: Any) -> "RunConfig":
+        """A run from verl's PPO-trainer settings (dotted keys or nested mapping); ``fields`` as in from_trl."""
+        from .conventions import from_verl
+        return cls.from_dict({**from_verl(config), **fields})
+
+    def to_verl(self) -> dict[str, Any]:
+        """verl PPO-trainer overrides (dotted keys) for this run."""
+        from .conventions import to_verl
+        return to_verl(self)
+
+    @classmethod
     def from_yaml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> "RunConfig":
         import yaml
         with open(path) as f:
@@ -179,6 +223,22 @@ class RunConfig:
             raise ValueError(f"{path}: expected a mapping of run parameters, got {type(values).__name__}.")
         values.update(overrides or {})
         return cls.from_dict(values)
+
+
+def rename_deprecated(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with deprecated parameter names replaced by their new names (one warning each)."""
+    import warnings
+    out = dict(values)
+    for old, new in DEPRECATED_NAMES.items():
+        if old in out:
+            value = out.pop(old)
+            if new in out and out[new] != value:
+                raise ValueError(f"{old!r} is the deprecated name of {new!r}; set only {new!r} "
+                                 f"(got {old}={value!r} and {new}={out[new]!r}).")
+            warnings.warn(f"{old} is deprecated; use {new} (same meaning: a generation concurrency cap).",
+                          DeprecationWarning, stacklevel=3)
+            out[new] = value
+    return out
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:

@@ -166,7 +166,7 @@ class Trainer:
                                                weight_decay=cfg.weight_decay, eps=1e-8)
             engine_kw: dict[str, Any] = {"device": self.device}
             if cfg.engine == "hf":
-                engine_kw.update(max_batch_size=cfg.generation_batch_size,
+                engine_kw.update(max_batch_size=cfg.max_concurrent_sequences,
                                  fast={"auto": "auto", "on": True, "off": False, "fused": "fused"}[cfg.fast_rollout])
             else:
                 engine_kw.update(url=cfg.engine_url)
@@ -301,7 +301,7 @@ class Trainer:
         cfg = self.cfg
         with self.clock.phase("evaluation"):
             rows = evaluate(self.engine, self.tokenizer, self.val_problems, cfg.eval_max_new_tokens or cfg.max_new_tokens,
-                            batch_size=cfg.generation_batch_size)
+                            batch_size=cfg.max_concurrent_sequences)
         meta = {"run_id": cfg.resolved_run_id, "split": "validation", "collections": collections, "updates": updates,
                 "responses": responses, "output_tokens": output_tokens, "active_seconds": self.clock.active,
                 "job_seconds": self.clock.job}

@@ -21,7 +21,7 @@ from typing import Any, Iterable
 
 from tqdm.auto import tqdm
 
-from ..config import RunConfig
+from ..config import DEPRECATED_NAMES, RunConfig
 from ..provenance import REPO_ROOT
 from ..records import RunDir, atomic_write_json, read_json
 from .planning import PHASE_ORDER, Plan, PlanError, PlannedRun, plan
@@ -31,7 +31,7 @@ from .selection import select
 TRAIN_NOTEBOOK = REPO_ROOT / "notebooks" / "10_train.ipynb"
 EXECUTORS = ("auto", "papermill", "inprocess")
 # Fields that may differ between a recorded run and its plan without changing what it learns.
-LOCAL_FIELDS = frozenset({"resume", "output_dir", "device", "engine_url", "data_dir"})
+LOCAL_FIELDS = frozenset({"resume", "output_dir", "device", "engine_url", "data_dir", "tracker", "tracking_dir"})
 
 
 @dataclass
@@ -117,7 +117,7 @@ def _config_drift(cfg: RunConfig) -> list[str]:
     path = RunDir(cfg.run_dir).config_path
     if not path.exists():
         return []
-    recorded = read_json(path).get("config", {})
+    recorded = {DEPRECATED_NAMES.get(k, k): v for k, v in read_json(path).get("config", {}).items()}
     planned = cfg.to_dict()
     # Fields newer than the record are not compared, so adding a RunConfig field keeps old runs resumable.
     return [f"{k}: recorded {recorded[k]!r}, planned {v!r}" for k, v in planned.items()
