@@ -12,7 +12,7 @@ import pytest
 
 from grpo_knobs import conventions, study
 from grpo_knobs.config import RunConfig
-from grpo_knobs.conventions import UnrepresentableError, from_trl, from_verl, to_trl, to_verl
+from grpo_knobs.conventions import UnrepresentableError, from_trl, from_verl, to_trl
 from grpo_knobs.records import RunDir, atomic_write_json
 
 ROOT = Path(__file__).resolve().parents[1]

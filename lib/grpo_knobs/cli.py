@@ -118,6 +118,17 @@ def _cmd_audit(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(a: argparse.Namespace) -> int:
+    from .tracking import export
+    out, runs = export(a.dir, a.to, out=a.out, x=a.x, project=a.project)
+    print(f"{len(runs)} run(s) written to {out} ({a.to}, x = {a.x})")
+    if a.to == "tensorboard":
+        print(f"view: tensorboard --logdir {out}")
+    else:
+        print(f"view: TRACKIO_DIR={out} trackio show")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="grpo-knobs", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -192,6 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--out-dir", default="runs/audit")
     au.add_argument("--device", default="auto")
     au.set_defaults(func=_cmd_audit)
+    ex = sub.add_parser("export", help="Write a run's or study's records as TensorBoard event files or a trackio project.")
+    ex.add_argument("dir", help="A run directory or a study directory.")
+    ex.add_argument("--to", required=True, choices=["tensorboard", "trackio"])
+    ex.add_argument("--x", default="responses", choices=["responses", "updates", "seconds"],
+                    help="Horizontal axis: training responses, optimizer updates, or active seconds (as milliseconds).")
+    ex.add_argument("--out", default=None, help="Default: DIR/tracking/<tracker>.")
+    ex.add_argument("--project", default=None, help="trackio project (default: the study's name).")
+    ex.set_defaults(func=_cmd_export)
     return p
 
 
