@@ -181,28 +181,38 @@ def trackio_directory(directory: str | Path) -> Iterator[Any]:
 
 class _Trackio:
     """One run of a trackio project in ``directory``, written through trackio's own SQLite storage
-    (``SQLiteStorage.bulk_log``, as trackio's CSV and TensorBoard importers write)."""
+    (``SQLiteStorage.bulk_log``, as trackio's CSV and TensorBoard importers write).
 
-    def __init__(self, directory: Path, run: str, project: str, config: dict | None):
-        self.directory, self.run, self.project, self.config = directory, run, project, config
+    Live, each call is written at once; ``buffered`` (an export) keeps the points and writes them in one
+    transaction at ``close``.
+    """
+
+    def __init__(self, directory: Path, run: str, project: str, config: dict | None, buffered: bool = False):
+        self.directory, self.run, self.project, self.config, self.buffered = directory, run, project, config, buffered
+        self.pending: list[tuple[int, dict[str, float], str]] = []
 
     def write(self, points: list[tuple[int, dict[str, float]]], wall_time: float | None) -> None:
-        if not points:
-            return
         when = dt.datetime.fromtimestamp(wall_time, dt.UTC) if wall_time else dt.datetime.now(dt.UTC)
+        self.pending.extend((step, values, when.isoformat()) for step, values in points)
+        if not self.buffered:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.pending:
+            return
         with trackio_directory(self.directory) as storage:
             storage.bulk_log(
                 self.project,
                 self.run,
-                [values for _, values in points],
-                steps=[s for s, _ in points],
-                timestamps=[when.isoformat()] * len(points),
+                [values for _, values, _ in self.pending],
+                steps=[step for step, _, _ in self.pending],
+                timestamps=[when for _, _, when in self.pending],
                 config=self.config,
             )
-        self.config = None  # written with the first points
+        self.pending, self.config = [], None  # the config goes with the first points
 
     def close(self) -> None:
-        pass
+        self._flush()
 
 
 def _require(kind: str) -> None:
@@ -235,6 +245,7 @@ class Tracker:
         x: "responses", "updates" or "seconds" (see the module docstring).
         batch_size: B, to place every update on the responses axis.
         config: the run's settings, stored with the run.
+        buffered: trackio only: keep the points until ``close`` and write them at once (for exports).
     """
 
     def __init__(
@@ -246,14 +257,17 @@ class Tracker:
         x: str = "responses",
         batch_size: int | None = None,
         config: dict | None = None,
+        buffered: bool = False,
     ):
         if x not in X_AXES:
             raise ValueError(f"x must be one of {X_AXES}, got {x!r}.")
         _require(kind)
         self.x, self.batch_size = x, batch_size
         # Opened at the first write: a new run's directory must still be empty when the trainer creates it.
-        self._open = lambda: (_TensorBoard if kind == "tensorboard" else _Trackio)(
-            Path(directory), run, project, config
+        self._open = lambda: (
+            _TensorBoard(Path(directory), run, project, config)
+            if kind == "tensorboard"
+            else _Trackio(Path(directory), run, project, config, buffered=buffered)
         )
         self._writer = None
 
@@ -367,6 +381,7 @@ def export_run(
         x=x,
         batch_size=cfg.get("global_batch_size"),
         config=cfg,
+        buffered=True,
     ) as tracker:
         for row in rows:
             written += tracker.log_collection(row, wall(row["job_seconds"]))
