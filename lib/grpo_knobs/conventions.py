@@ -14,6 +14,7 @@ Nothing here imports trl or verl: a TRL ``GRPOConfig`` is read through its attri
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -75,6 +76,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     f"{_A}.clip_ratio": 0.2,
     f"{_A}.clip_ratio_low": 0.2,
     f"{_A}.clip_ratio_high": 0.2,
+    f"{_A}.clip_ratio_c": 3.0,
     f"{_A}.loss_agg_mode": "token-mean",
     f"{_A}.use_kl_loss": False,
     f"{_A}.kl_loss_coef": 0.001,
@@ -97,6 +99,10 @@ VERL_DEFAULTS: dict[str, Any] = {
     f"{_R}.do_sample": True,
     "trainer.total_training_steps": None,
 }
+
+# verl bounds the loss of negative-advantage tokens at clip_ratio_c x |A| ("dual clip"); the study does not. verl
+# clamps the log-ratio to [-20, 20] (core_algos.compute_policy_loss_vanilla), so a bound above e^20 never acts.
+VERL_DUAL_CLIP_OFF = 1e9
 
 _TRL_LOSS = {"sequence-mean": "grpo", "token-mean": "dapo"}
 _VERL_AGG = {"sequence-mean": "seq-mean-token-mean", "token-mean": "token-mean"}
@@ -380,6 +386,7 @@ def to_verl(cfg: Any) -> dict[str, Any]:
         "algorithm.use_kl_in_reward": False,
         f"{_A}.clip_ratio_low": cfg.clip_low,
         f"{_A}.clip_ratio_high": cfg.clip_high,
+        f"{_A}.clip_ratio_c": VERL_DUAL_CLIP_OFF,
         f"{_A}.loss_agg_mode": _VERL_AGG[cfg.loss_aggregation],
         f"{_A}.policy_loss.loss_mode": "vanilla",
         f"{_A}.use_kl_loss": cfg.kl_coef > 0,
@@ -437,6 +444,13 @@ def from_verl(config: Mapping) -> dict[str, Any]:
         bad.add(f"{_A}.ppo_epochs", get(f"{_A}.ppo_epochs"), "the study makes one pass over each collection")
     if get("algorithm.adv_estimator") != "grpo":
         bad.add("algorithm.adv_estimator", get("algorithm.adv_estimator"), "the study's advantages are GRPO's")
+    if get(f"{_A}.clip_ratio_c") < math.exp(20):
+        bad.add(
+            f"{_A}.clip_ratio_c",
+            get(f"{_A}.clip_ratio_c"),
+            "verl's dual clip bounds negative-advantage losses at clip_ratio_c x |A|, the study's loss does not; "
+            f"set it above e^20, e.g. {VERL_DUAL_CLIP_OFF:g}, to turn it off",
+        )
     if get("algorithm.use_kl_in_reward"):
         bad.add("algorithm.use_kl_in_reward", True, "the study's KL is a loss term, not a reward penalty")
     agg = get(f"{_A}.loss_agg_mode")
