@@ -36,7 +36,6 @@ from .grpo import (Sequence, clipped_surrogate_loss, collate, group_advantages, 
 from .prompts import prompt_version
 from .provenance import git_commit, package_versions, source_sha256
 from .records import RunDir, atomic_write_json
-from .tracking import open_tracker
 from .verifiers import grade
 
 
@@ -142,7 +141,6 @@ class Trainer:
         self.run = RunDir(cfg.run_dir)
         self.plan = cfg.plan
         self.device = resolve_device(cfg.device)
-        self.tracker = open_tracker(cfg)  # live scalars beside the records; a no-op for tracker=none
 
     # ----------------------------------------------------------------- set-up
     def setup(self) -> None:
@@ -307,9 +305,7 @@ class Trainer:
         meta = {"run_id": cfg.resolved_run_id, "split": "validation", "collections": collections, "updates": updates,
                 "responses": responses, "output_tokens": output_tokens, "active_seconds": self.clock.active,
                 "job_seconds": self.clock.job}
-        records = [meta | {k: v for k, v in r.items() if k != "response"} for r in rows]
-        self.run.add_evals(records)
-        self.tracker.log_eval(records)
+        self.run.add_evals([meta | {k: v for k, v in r.items() if k != "response"} for r in rows])
         return float(np.mean([r["correct"] for r in rows])) if rows else float("nan")
 
     # ----------------------------------------------------------------- resume
@@ -387,7 +383,7 @@ class Trainer:
                 counters["output_tokens"] += sum(lengths)
                 rewards = batch["rewards"]
                 peak = torch.cuda.max_memory_allocated() / 2**30 if self.device.type == "cuda" else None
-                row = {
+                self.run.append_collection({
                     "collection": c, "responses": counters["responses"], "updates": counters["updates"],
                     "prompts": len(batch["indices"]), "distinct_prompts": len(self.sampler.seen),
                     "reward_mean": float(rewards.mean()),
@@ -399,9 +395,7 @@ class Trainer:
                                                                 for k, u in enumerate(updates)],
                     "seconds": {k: self.clock.seconds[k] - v for k, v in before.items()},  # this collection's phases
                     "active_seconds": self.clock.active, "job_seconds": self.clock.job, "peak_memory_gib": peak,
-                }
-                self.run.append_collection(row)
-                self.tracker.log_collection(row)
+                })
                 postfix = {"reward": f"{float(rewards.mean()):.3f}"}
                 if counters["responses"] in eval_points:
                     postfix["val"] = f"{self.evaluate(c + 1, counters['responses'], counters['updates'], counters['output_tokens']):.3f}"
@@ -416,7 +410,6 @@ class Trainer:
             if cfg.save_checkpoint:
                 self.save_final()
             self._write_timings()
-            self.tracker.close()
             self.run.write_state("complete", n_coll)
             if self.run.resume_path.exists():
                 import shutil
@@ -424,7 +417,6 @@ class Trainer:
         except BaseException as exc:
             if bar is not None:
                 bar.close()
-            self.tracker.close()
             self._write_timings()
             done = len(self.run.collections())
             self.run.write_state("failed", done, error=f"{type(exc).__name__}: {exc}",
