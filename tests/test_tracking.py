@@ -32,7 +32,7 @@ MINI_RUNS = ("screening-countdown-2x10-onpolicy-small-s0", "screening-countdown-
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "grpo_knobs.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "grpo_knobs.cli", *args], capture_output=True, text=True, check=False,
                           env=env, cwd=ROOT)
 
 
