@@ -138,10 +138,6 @@ def _trl_reader(config: Any):
     return lambda key: _plain(getattr(config, key, TRL_DEFAULTS[key]))
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # TRL
 # ---------------------------------------------------------------------------------------------------------------------
@@ -283,6 +279,39 @@ def from_trl(config: Any, num_processes: int | None = None) -> dict[str, Any]:
         )
     bad = _Problems("TRL setting(s) the study cannot express")
     shape = _trl_batches(get, num_processes, bad)
+    _check_trl_algorithm(get, config, shape, bad)
+    bad.raise_any()
+    loss, scale, beta, max_steps = get("loss_type"), _trl_scale(get), get("beta"), get("max_steps")
+    out = dict(shape or {})
+    out.update(
+        lr=get("learning_rate"),
+        adam_beta1=get("adam_beta1"),
+        adam_beta2=get("adam_beta2"),
+        weight_decay=get("weight_decay"),
+        grad_clip=get("max_grad_norm"),
+        clip_low=get("epsilon"),
+        clip_high=get("epsilon_high") if get("epsilon_high") is not None else get("epsilon"),
+        std_normalize_advantages=scale == "group",
+        loss_aggregation={v: k for k, v in _TRL_LOSS.items()}[loss],
+        kl_coef=beta,
+        max_new_tokens=get("max_completion_length"),
+        temperature=get("temperature"),
+        seed=get("seed"),
+    )
+    if max_steps and max_steps > 0:
+        out["response_budget"] = (
+            max_steps // out["num_steps_per_rollout"] * out["rollout_batch_size"] * out["n_samples_per_prompt"]
+        )
+    return out
+
+
+def _trl_scale(get) -> str:
+    """scale_rewards as a string (GRPOConfig.__post_init__ maps True / False to "group" / "none")."""
+    return {True: "group", False: "none"}.get(get("scale_rewards"), get("scale_rewards"))
+
+
+def _check_trl_algorithm(get, config: Any, shape: dict | None, bad: _Problems) -> None:
+    """Adds every TRL setting outside the study's algorithm to ``bad``."""
     loss = get("loss_type")
     if get("num_iterations") != 1:
         bad.add("num_iterations", get("num_iterations"), "the study makes one pass over each collection")
@@ -295,7 +324,7 @@ def from_trl(config: Any, num_processes: int | None = None) -> dict[str, Any]:
             "'dapo' divides each update by the generation's tokens / steps, which is the "
             "study's token-mean only with one update per generation",
         )
-    scale = {True: "group", False: "none"}.get(get("scale_rewards"), get("scale_rewards"))
+    scale = _trl_scale(get)
     if scale not in ("group", "none"):
         bad.add("scale_rewards", scale, "the study normalises by each group's std ('group') or not at all ('none')")
     beta = get("beta")
@@ -334,28 +363,6 @@ def from_trl(config: Any, num_processes: int | None = None) -> dict[str, Any]:
     max_steps = get("max_steps")
     if shape and max_steps and max_steps > 0 and max_steps % shape["num_steps_per_rollout"]:
         bad.add("max_steps", max_steps, f"must be whole generations of {shape['num_steps_per_rollout']} steps")
-    bad.raise_any()
-    out = dict(shape or {})
-    out.update(
-        lr=get("learning_rate"),
-        adam_beta1=get("adam_beta1"),
-        adam_beta2=get("adam_beta2"),
-        weight_decay=get("weight_decay"),
-        grad_clip=get("max_grad_norm"),
-        clip_low=get("epsilon"),
-        clip_high=get("epsilon_high") if get("epsilon_high") is not None else get("epsilon"),
-        std_normalize_advantages=scale == "group",
-        loss_aggregation={v: k for k, v in _TRL_LOSS.items()}[loss],
-        kl_coef=beta,
-        max_new_tokens=get("max_completion_length"),
-        temperature=get("temperature"),
-        seed=get("seed"),
-    )
-    if max_steps and max_steps > 0:
-        out["response_budget"] = (
-            max_steps // out["num_steps_per_rollout"] * out["rollout_batch_size"] * out["n_samples_per_prompt"]
-        )
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -433,7 +440,38 @@ def from_verl(config: Mapping) -> dict[str, Any]:
         return values.get(key, VERL_DEFAULTS[key])
 
     bad = _Problems("verl setting(s) the study cannot express")
+    _check_verl(get, values, bad)
+    bad.raise_any()
     p, g, mini = get("data.train_batch_size"), get(f"{_R}.n"), get(f"{_A}.ppo_mini_batch_size")
+    agg, use_kl = get(f"{_A}.loss_agg_mode"), bool(get(f"{_A}.use_kl_loss"))
+    betas = list(get(f"{_A}.optim.betas"))
+    out = {
+        "rollout_batch_size": p,
+        "n_samples_per_prompt": g,
+        "global_batch_size": mini * g,
+        "num_steps_per_rollout": p // mini,
+        "std_normalize_advantages": bool(get("algorithm.norm_adv_by_std_in_grpo")),
+        "clip_low": _verl_clip(get, "low"),
+        "clip_high": _verl_clip(get, "high"),
+        "loss_aggregation": {v: k for k, v in _VERL_AGG.items()}[agg],
+        "kl_coef": float(get(f"{_A}.kl_loss_coef")) if use_kl else 0.0,
+        "lr": get(f"{_A}.optim.lr"),
+        "adam_beta1": betas[0],
+        "adam_beta2": betas[1],
+        "weight_decay": get(f"{_A}.optim.weight_decay"),
+        "grad_clip": values.get(f"{_A}.grad_clip", get(f"{_A}.optim.clip_grad")),
+        "max_new_tokens": get("data.max_response_length"),
+        "temperature": get(f"{_R}.temperature"),
+    }
+    steps = get("trainer.total_training_steps")
+    if steps:
+        out["response_budget"] = steps * p * g
+    return out
+
+
+def _check_verl(get, values: dict[str, Any], bad: _Problems) -> None:
+    """Adds every verl setting outside the study's algorithm to ``bad``."""
+    p, mini = get("data.train_batch_size"), get(f"{_A}.ppo_mini_batch_size")
     if p % mini:
         bad.add(
             f"{_A}.ppo_mini_batch_size",
@@ -490,30 +528,6 @@ def from_verl(config: Mapping) -> dict[str, Any]:
         )
     if not get(f"{_R}.do_sample"):
         bad.add(f"{_R}.do_sample", False, "the study samples its training responses")
-    bad.raise_any()
-    betas = list(get(f"{_A}.optim.betas"))
-    out = {
-        "rollout_batch_size": p,
-        "n_samples_per_prompt": g,
-        "global_batch_size": mini * g,
-        "num_steps_per_rollout": p // mini,
-        "std_normalize_advantages": bool(get("algorithm.norm_adv_by_std_in_grpo")),
-        "clip_low": _verl_clip(get, "low"),
-        "clip_high": _verl_clip(get, "high"),
-        "loss_aggregation": {v: k for k, v in _VERL_AGG.items()}[agg],
-        "kl_coef": float(get(f"{_A}.kl_loss_coef")) if use_kl else 0.0,
-        "lr": get(f"{_A}.optim.lr"),
-        "adam_beta1": betas[0],
-        "adam_beta2": betas[1],
-        "weight_decay": get(f"{_A}.optim.weight_decay"),
-        "grad_clip": values.get(f"{_A}.grad_clip", get(f"{_A}.optim.clip_grad")),
-        "max_new_tokens": get("data.max_response_length"),
-        "temperature": get(f"{_R}.temperature"),
-    }
-    steps = get("trainer.total_training_steps")
-    if steps:
-        out["response_budget"] = steps * p * g
-    return out
 
 
 def _verl_clip(get, side: str) -> float:
