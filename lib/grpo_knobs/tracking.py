@@ -16,8 +16,9 @@ Scalars per evaluation: ``<split>/accuracy`` (flexible grading), ``<split>/accur
 length and truncated fraction.
 
 The seconds axis is active phase seconds (generation + trainer + sync, the study's time axis) in
-milliseconds, because both trackers need integer steps; every point also carries its wall time
-(the run's start plus job seconds), so TensorBoard's Relative axis shows elapsed seconds.
+milliseconds, because both trackers need integer steps. Every point also carries a wall time (live,
+when it was written; exported, the run's start plus its job seconds), so TensorBoard's Relative axis
+shows elapsed seconds on any x.
 """
 
 from __future__ import annotations
