@@ -23,7 +23,9 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" $(TRITON_SPEC)
-	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q -e ".[test,tracking]"
+# TRL's GRPOConfig alone (tests/test_conventions.py builds real ones): its trainer's dependencies are not needed.
+	$(BIN)/python -m pip install -q --no-deps trl==1.16.0
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -111,7 +111,7 @@ def run_config(tmp_path, **kw) -> RunConfig:
     base = dict(task="countdown-2x10", model="tiny-random", engine="sglang", rollout_batch_size=2,
                 n_samples_per_prompt=2, global_batch_size=4, response_budget=8, eval_every_responses=8,
                 eval_problems=2, max_new_tokens=4, seed=3, output_dir=str(tmp_path), run_id="sglang",
-                max_tokens_per_micro_batch=64, device="cpu", generation_batch_size=64)
+                max_tokens_per_micro_batch=64, device="cpu", max_concurrent_sequences=64)
     return RunConfig(**(base | kw))
 
 

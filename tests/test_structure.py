@@ -37,7 +37,7 @@ def test_the_parameters_cell_is_runconfig():
 def test_the_notebook_builds_its_config_from_the_parameters_alone():
     nb = json.loads((ROOT / "notebooks" / "10_train.ipynb").read_text())
     sources = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
-    assert "RunConfig.from_dict" in sources[1] and "RunConfig.field_names()" in sources[1]
+    assert "cfg = RunConfig.from_parameters(dict(globals()))" in sources[1]
 
 
 def _imports(path: Path, package: str) -> set[str]:

@@ -121,7 +121,7 @@ def _write_plan(path: Path, **changes) -> Path:
     spec = {
         "name": "tiny",
         "defaults": {"model": "tiny-random", "device": "cpu", "lr": 1e-3, "max_new_tokens": 8, "eval_problems": 4,
-                     "eval_every_responses": 16, "generation_batch_size": 16, "max_tokens_per_micro_batch": 64},
+                     "eval_every_responses": 16, "max_concurrent_sequences": 16, "max_tokens_per_micro_batch": 64},
         "arms": {"t-small": {"rollout_batch_size": 2, "n_samples_per_prompt": 4, "global_batch_size": 8,
                              "num_steps_per_rollout": 1},
                  "t-split": {"rollout_batch_size": 4, "n_samples_per_prompt": 4, "global_batch_size": 8,

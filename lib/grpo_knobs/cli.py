@@ -22,12 +22,17 @@ def _cmd_knobs(a: argparse.Namespace) -> int:
     from .knobs import BatchPlan
     plan = BatchPlan(a.rollout_batch_size, a.n_samples_per_prompt, a.global_batch_size, a.num_steps_per_rollout)
     summary = plan.summary(a.response_budget, a.eval_every_responses if a.response_budget else None)
+    from .conventions import format_settings, shape_settings
+    peers = shape_settings(plan, a.response_budget)
     if a.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(summary | peers, indent=2))
         return 0
     print(plan.describe())
     for k, v in summary.items():
         print(f"  {k:<26} {v}")
+    for name, label in (("trl", "TRL GRPOConfig (one process)"), ("verl", "verl")):
+        settings = peers[name]
+        print(f"{label}: {format_settings(settings) if isinstance(settings, dict) else settings}")
     return 0
 
 
@@ -139,6 +144,17 @@ def _cmd_audit(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(a: argparse.Namespace) -> int:
+    from .tracking import export
+    out, runs = export(a.dir, a.to, out=a.out, x=a.x, project=a.project)
+    print(f"{len(runs)} run(s) written to {out} ({a.to}, x = {a.x})")
+    if a.to == "tensorboard":
+        print(f"view: tensorboard --logdir {out}")
+    else:
+        print(f"view: TRACKIO_DIR={out} trackio show")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="grpo-knobs", description=__doc__.splitlines()[0])
     p.add_argument("--debug", action="store_true", help=f"Show tracebacks (also: {DEBUG_ENV}=1).")
@@ -224,6 +240,14 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--out-dir", default="runs/audit")
     au.add_argument("--device", default="auto")
     au.set_defaults(func=_cmd_audit)
+    ex = sub.add_parser("export", help="Write a run's or study's records as TensorBoard event files or a trackio project.")
+    ex.add_argument("dir", help="A run directory or a study directory.")
+    ex.add_argument("--to", required=True, choices=["tensorboard", "trackio"])
+    ex.add_argument("--x", default="responses", choices=["responses", "updates", "seconds"],
+                    help="Horizontal axis: training responses, optimizer updates, or active seconds (as milliseconds).")
+    ex.add_argument("--out", default=None, help="Default: DIR/tracking/<tracker>.")
+    ex.add_argument("--project", default=None, help="trackio project (default: the study's name).")
+    ex.set_defaults(func=_cmd_export)
     return p
 
 

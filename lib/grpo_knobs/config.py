@@ -22,8 +22,11 @@ from .knobs import BatchPlan
 
 LOSS_AGGREGATIONS = ("sequence-mean", "token-mean")
 ENGINES = ("hf", "sglang")
+TRACKERS = ("none", "tensorboard", "trackio")
 PHASES = ("adhoc", "screening", "lr-followup", "confirmation", "pilot")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# Old parameter names still read (with a DeprecationWarning) from mappings, YAML, papermill and recorded configs.
+DEPRECATED_NAMES = {"generation_batch_size": "max_concurrent_sequences"}
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,8 @@ class RunConfig:
     # --- memory and speed (never change the learning algorithm)
     micro_batch_size: int | None = field(default=None, metadata={"help": "Responses per micro-batch (alternative to the token budget)."})
     max_tokens_per_micro_batch: int | None = field(default=8192, metadata={"help": "Token budget per micro-batch (packing)."})
-    generation_batch_size: int = field(default=512, metadata={"help": "Most sequences generated at once (concurrency cap)."})
+    max_concurrent_sequences: int = field(default=512, metadata={
+        "help": "Most sequences generated at once (concurrency cap; not TRL's generation_batch_size, which is P x G)."})
     engine: str = field(default="hf", metadata={"help": "Rollout engine: hf or sglang."})
     engine_url: str | None = field(default=None, metadata={"help": "sglang: attach to this server instead of launching one."})
     fast_rollout: str = field(default="auto", metadata={
@@ -97,6 +101,9 @@ class RunConfig:
     save_checkpoint: bool = field(default=True, metadata={"help": "Save final/ safetensors at the end."})
     resume_every_collections: int = field(default=0, metadata={"help": "Save resumable state every N collections (0: at evaluations)."})
     data_dir: str | None = field(default=None, metadata={"help": "GSM8K directory (else the repository's data/gsm8k, then GRPO_KNOBS_DATA)."})
+    tracker: str = field(default="none", metadata={
+        "help": "Also log scalars live to none, tensorboard or trackio (beside the records; never replaces them)."})
+    tracking_dir: str | None = field(default=None, metadata={"help": "Where the tracker writes; None = <run_dir>/tracking."})
     # --- labels used by studies and analysis
     study: str = field(default="adhoc", metadata={"help": "Study name recorded with the run."})
     phase: str = field(default="adhoc", metadata={"help": "screening, lr-followup, confirmation, pilot or adhoc."})
@@ -152,12 +159,13 @@ class RunConfig:
         _check_choice("engine", self.engine, ENGINES)
         _check_choice("fast_rollout", self.fast_rollout, FAST_ROLLOUT)
         _check_choice("phase", self.phase, PHASES)
+        _check_choice("tracker", self.tracker, TRACKERS)
         if self.micro_batch_size is not None and self.max_tokens_per_micro_batch is not None:
             raise ValueError("Set micro_batch_size or max_tokens_per_micro_batch, not both (set the other to None).")
         if self.micro_batch_size is None and self.max_tokens_per_micro_batch is None:
             raise ValueError("Set one of micro_batch_size or max_tokens_per_micro_batch.")
         for name in ("micro_batch_size", "max_tokens_per_micro_batch", "eval_problems", "eval_max_new_tokens",
-                     "max_new_tokens", "generation_batch_size"):
+                     "max_new_tokens", "max_concurrent_sequences"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value}.")
@@ -195,6 +203,7 @@ class RunConfig:
     def from_dict(cls, values: dict[str, Any]) -> "RunConfig":
         """Build from a mapping (YAML, ``-p key=value``, papermill): unknown keys are refused with the
         closest valid names, and every value is parsed to its field's declared type."""
+        values = rename_deprecated(values)
         known = set(cls.field_names())
         unknown = sorted(set(values) - known)
         if unknown:
@@ -203,6 +212,40 @@ class RunConfig:
             raise ValueError(f"Unknown run parameter(s): {detail}. Valid names: {', '.join(sorted(known))}.")
         hints = field_types()
         return cls(**{k: parse_value(k, v, hints[k]) for k, v in values.items()})
+
+    @classmethod
+    def from_parameters(cls, namespace: dict[str, Any]) -> "RunConfig":
+        """Build from a notebook's globals: its parameter cell's fields, plus any deprecated name
+        papermill injected (which then overrides the new name's default)."""
+        values = {k: v for k, v in namespace.items() if k in cls.field_names()}
+        for old, new in DEPRECATED_NAMES.items():
+            if namespace.get(old) is not None:
+                values.pop(new, None)
+                values[old] = namespace[old]
+        return cls.from_dict(values)
+
+    @classmethod
+    def from_trl(cls, config: Any, **fields: Any) -> "RunConfig":
+        """A run from a TRL ``GRPOConfig`` (or a mapping of its keys); ``fields`` set what TRL does not hold.
+        Settings the study cannot express are refused (see ``grpo_knobs.conventions``)."""
+        from .conventions import from_trl
+        return cls.from_dict({**from_trl(config), **fields})
+
+    def to_trl(self, num_processes: int = 1, gradient_accumulation_steps: int = 1) -> dict[str, Any]:
+        """TRL ``GRPOConfig`` keyword arguments for this run."""
+        from .conventions import to_trl
+        return to_trl(self, num_processes=num_processes, gradient_accumulation_steps=gradient_accumulation_steps)
+
+    @classmethod
+    def from_verl(cls, config: Any, **fields: Any) -> "RunConfig":
+        """A run from verl's PPO-trainer settings (dotted keys or nested mapping); ``fields`` as in from_trl."""
+        from .conventions import from_verl
+        return cls.from_dict({**from_verl(config), **fields})
+
+    def to_verl(self) -> dict[str, Any]:
+        """verl PPO-trainer overrides (dotted keys) for this run."""
+        from .conventions import to_verl
+        return to_verl(self)
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> "RunConfig":
@@ -259,7 +302,7 @@ def _literal(value: Any) -> str:
 
 
 # Fields that may change when a run is resumed: where and how it runs, not what it learns.
-RESUMABLE_FIELDS = frozenset({"resume", "output_dir", "device", "engine_url", "data_dir"})
+RESUMABLE_FIELDS = frozenset({"resume", "output_dir", "device", "engine_url", "data_dir", "tracker", "tracking_dir"})
 FAST_ROLLOUT = ("auto", "on", "off", "fused")
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
@@ -270,6 +313,7 @@ def config_drift(recorded: dict[str, Any], cfg: RunConfig) -> list[str]:
     Fields in :data:`RESUMABLE_FIELDS` and fields newer than the record are not compared, so a
     new RunConfig field keeps older runs resumable.
     """
+    recorded = {DEPRECATED_NAMES.get(k, k): v for k, v in recorded.items()}  # records keep their old names
     now = cfg.to_dict()
     return [f"{k}: recorded {recorded[k]!r}, now {v!r}" for k, v in now.items()
             if k not in RESUMABLE_FIELDS and k in recorded and recorded[k] != v]
@@ -354,6 +398,22 @@ def _check_types(cfg: RunConfig) -> None:
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}.")
+
+
+def rename_deprecated(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with deprecated parameter names replaced by their new names (one warning each)."""
+    import warnings
+    out = dict(values)
+    for old, new in DEPRECATED_NAMES.items():
+        if old in out:
+            value = out.pop(old)
+            if new in out and out[new] != value:
+                raise ValueError(f"{old!r} is the deprecated name of {new!r}; set only {new!r} "
+                                 f"(got {old}={value!r} and {new}={out[new]!r}).")
+            warnings.warn(f"{old} is deprecated; use {new} (same meaning: a generation concurrency cap).",
+                          DeprecationWarning, stacklevel=3)
+            out[new] = value
+    return out
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, str]:

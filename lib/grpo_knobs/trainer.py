@@ -44,6 +44,7 @@ from .prompts import prompt_version
 from .provenance import git_commit, package_versions, source_sha256
 from .records import RunDir, atomic_write_json, fsync_tree, read_json
 from .rollout.base import Generation
+from .tracking import NullTracker, open_tracker
 from .runtime import DIE_WITH_PARENT_ENV, die_with_parent, resolve_device, seed_everything, sync_cuda
 from .verifiers import grade
 
@@ -154,6 +155,7 @@ class Trainer:
         self.run = RunDir(cfg.run_dir)
         self.plan = cfg.plan
         self.device = resolve_device(cfg.device)
+        self.tracker = NullTracker()  # opened once the run directory exists (tracker=tensorboard|trackio)
 
     # ----------------------------------------------------------------- the loop
     def run_loop(self) -> Path:
@@ -167,11 +169,14 @@ class Trainer:
                 self._check_recorded_config()
             self.setup()  # model, data, engine: a failure here leaves no run directory behind
             self.run.path.mkdir(parents=True, exist_ok=True)
+            self.tracker = open_tracker(cfg)
             try:
                 self._train_and_finish(resuming)
             except BaseException as exc:
                 self._record_failure(exc)
                 raise
+            finally:
+                self.tracker.close()
         return self.run.path
 
     def _train_and_finish(self, resuming: bool) -> None:
@@ -236,7 +241,7 @@ class Trainer:
             engine_kw: dict[str, Any] = {"device": self.device}
             if cfg.engine == "hf":
                 fast = {"auto": "auto", "on": True, "off": False, "fused": "fused"}[cfg.fast_rollout]
-                engine_kw.update(max_batch_size=cfg.generation_batch_size, fast=fast)
+                engine_kw.update(max_batch_size=cfg.max_concurrent_sequences, fast=fast)
             else:
                 from .rollout.sglang import engine_options
 
@@ -378,7 +383,7 @@ class Trainer:
                 self.tokenizer,
                 self.val_problems,
                 cfg.eval_max_new_tokens or cfg.max_new_tokens,
-                batch_size=cfg.generation_batch_size,
+                batch_size=cfg.max_concurrent_sequences,
             )
         meta = {
             "run_id": cfg.resolved_run_id,
@@ -390,7 +395,9 @@ class Trainer:
             "active_seconds": self.clock.active,
             "job_seconds": self.clock.job,
         }
-        self.run.add_evals([meta | r for r in rows])
+        records = [meta | r for r in rows]
+        self.run.add_evals(records)
+        self.tracker.log_eval(records)
         return float(np.mean([r["correct"] for r in rows])) if rows else float("nan")
 
     # ----------------------------------------------------------------- records
@@ -410,6 +417,7 @@ class Trainer:
             "engine": self.engine.stats(),  # SGLang: re-sent requests, server restarts, weight version (cumulative)
         }
         self.run.append_collection(row)
+        self.tracker.log_collection(row)
         self.run.append_samples(sample_rows(batch, self.train_pool, counters["responses"]))
 
     def _config_record(self) -> dict:

@@ -66,7 +66,7 @@ class ServerSettings:
     port: int = 0
     host: str = "127.0.0.1"
     mem_fraction: float = 0.65  # --mem-fraction-static: share of the GPU for weights and KV cache
-    max_running_requests: int = 512  # concurrency cap (RunConfig.generation_batch_size)
+    max_running_requests: int = 512  # concurrency cap (RunConfig.max_concurrent_sequences)
     cuda_graph_max_bs: int | None = None  # --cuda-graph-max-bs-decode; None: max_running_requests
     base_gpu_id: int | None = None  # first GPU the server uses (CUDA_VISIBLE_DEVICES order); None: SGLang's 0
     random_seed: int | None = None  # --random-seed; None lets SGLang draw one
@@ -132,7 +132,7 @@ class RetryPolicy:
 
 def engine_options(cfg) -> dict:
     """SGLangEngine keyword arguments from a RunConfig's `sglang_*` fields, its seed and concurrency cap."""
-    server = ServerSettings(mem_fraction=cfg.sglang_mem_fraction, max_running_requests=cfg.generation_batch_size,
+    server = ServerSettings(mem_fraction=cfg.sglang_mem_fraction, max_running_requests=cfg.max_concurrent_sequences,
                             base_gpu_id=cfg.sglang_base_gpu_id, random_seed=cfg.seed,
                             deterministic=cfg.sglang_deterministic,
                             extra_args=split_server_args(cfg.sglang_server_args), python=cfg.sglang_python)
@@ -375,7 +375,7 @@ class SGLangEngine(RolloutEngine):
                 time.sleep(self.retry.delay(attempt))
         reason = _abort_reason(outputs[pending[0]])
         raise RuntimeError(f"SGLang aborted {len(pending)} request(s) {self.retry.max_retries + 1} times "
-                           f"({reason.get('message')}); lower generation_batch_size or raise sglang_mem_fraction")
+                           f"({reason.get('message')}); lower max_concurrent_sequences or raise sglang_mem_fraction")
 
     def _generate_once(self, rows: list[list[int]], sampling: list[dict]) -> list[dict]:
         status, body = self._request("/generate", {"input_ids": rows, "sampling_params": sampling,
