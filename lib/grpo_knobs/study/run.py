@@ -26,6 +26,7 @@ from ..provenance import REPO_ROOT
 from ..records import RunDir, atomic_write_json, read_json
 from .planning import PHASE_ORDER, Plan, PlanError, PlannedRun, plan
 from .presenting import plan_to_json
+from .scheduling import check_scheduler, execute_on_ray
 from .selection import select
 
 TRAIN_NOTEBOOK = REPO_ROOT / "notebooks" / "10_train.ipynb"
@@ -346,7 +347,7 @@ def _write_plan_snapshot(p: Plan) -> None:
 def run_study(preset: str | Path, phases: Iterable[str] | None = None, jobs: int = 1,
               study_dir: str | Path | None = None, executor: str = "auto", *,
               params: dict[str, Any] | None = None, only: list[str] | None = None,
-              progress: bool = True) -> StudyReport:
+              progress: bool = True, scheduler: str = "local", ray_address: str | None = None) -> StudyReport:
     """Execute a study's phases in order, skipping completed work and recording failures.
 
     Args:
@@ -359,6 +360,9 @@ def run_study(preset: str | Path, phases: Iterable[str] | None = None, jobs: int
         executor: papermill (10_train.ipynb per run), inprocess (trainer.train), or auto.
         params: values for the plan's ``params``.
         only: run-id glob patterns; other runs are left for a later call.
+        scheduler: local (this machine, ``jobs`` workers) or ray (each run a Ray task holding the
+            GPUs and CPUs it needs; ``scheduling.execute_on_ray``).
+        ray_address: the Ray cluster for scheduler ray; None starts a local Ray instance.
     """
     phases = list(phases or PHASE_ORDER)
     bad = [ph for ph in phases if ph not in PHASE_ORDER]
@@ -366,6 +370,7 @@ def run_study(preset: str | Path, phases: Iterable[str] | None = None, jobs: int
         raise ValueError(f"Unknown phase(s) {bad}; phases: {', '.join(PHASE_ORDER)}.")
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be a positive integer, got {jobs!r}.")
+    check_scheduler(scheduler, jobs, ray_address)
     executor = _resolve_executor(executor)
     p = plan(preset, study_dir=study_dir, params=params)
     _check_drift([r for r in p.runs if not r.placeholder and r.phase in phases])
@@ -403,7 +408,10 @@ def run_study(preset: str | Path, phases: Iterable[str] | None = None, jobs: int
                 # back) then never leaves a finished checkpoint untested.
                 units = [u | ({"test": tests[rid]} if (rid := u["config"]["run_id"]) in tests else {}) for u in units]
         if units:
-            results = _execute_all(units, jobs, phase, progress)
+            if scheduler == "ray":
+                results = execute_on_ray(units, phase, progress, ray_address)
+            else:
+                results = _execute_all(units, jobs, phase, progress)
             if phase == "test":  # tests run right after their confirmation run count as this call's work
                 results = [dataclasses.replace(r, status="complete") if r.status == "skipped"
                            and r.run_id not in tested_before else r for r in results]
