@@ -120,7 +120,11 @@ def test_a_run_no_node_can_hold_fails_at_once():
 @needs_ray
 @needs_trainer
 def test_ray_study_records_equal_the_local_schedulers(tmp_path, monkeypatch, local_ray):
-    path = _write_plan(tmp_path / "plan.yaml")
+    bad = "lr-followup-countdown-2x10-t-small-s0"
+    path = _write_plan(
+        tmp_path / "plan.yaml",
+        lr_followup=[{"task": "countdown-2x10", "arm": "t-small", "seeds": [0], "model": "no-such-model"}],
+    )
     phases = ["screening", "selection", "confirmation", "test"]
     local = _local_reference(path, tmp_path / "local", monkeypatch, phases=phases)
     assert local.ok, local.summary()
@@ -131,10 +135,11 @@ def test_ray_study_records_equal_the_local_schedulers(tmp_path, monkeypatch, loc
     status = lambda report: [(r.run_id, r.phase, r.status) for r in report.results]
     assert status(on_ray) == status(local) and len(on_ray.results) == 8  # 4 runs, selection, 3 test jobs
     p = study.plan(path, study_dir=tmp_path / "ray")
+    runs = [r for r in p.runs if r.phase in phases]
     assert [r.run_id for r in p.phase("confirmation")] == [
         r.run_id for r in study.plan(path, study_dir=tmp_path / "local").phase("confirmation")
     ]
-    for r in p.runs:
+    for r in runs:
         _assert_same_records(tmp_path / "local" / r.run_id, tmp_path / "ray" / r.run_id)
         log = (tmp_path / "ray" / ".logs" / f"{r.run_id}.log").read_text()
         assert "ray worker start" in log and "1 threads" in log
@@ -144,12 +149,21 @@ def test_ray_study_records_equal_the_local_schedulers(tmp_path, monkeypatch, loc
             for d in ("local", "ray")
         )
         pd.testing.assert_frame_equal(a, b)
-    before = {r.run_id: _mtimes(tmp_path / "ray" / r.run_id) for r in p.runs}
+    before = {r.run_id: _mtimes(tmp_path / "ray" / r.run_id) for r in runs}
     again = study.run_study(
         path, phases=phases, study_dir=tmp_path / "ray", executor="inprocess", scheduler="ray", progress=False
     )
     assert {r.status for r in again.results} == {"skipped"}
-    assert {r.run_id: _mtimes(tmp_path / "ray" / r.run_id) for r in p.runs} == before
+    assert {r.run_id: _mtimes(tmp_path / "ray" / r.run_id) for r in runs} == before
+    # A run that fails inside its task is recorded, not retried: here its executed notebook.
+    failed = study.run_study(
+        path, phases=["lr-followup"], study_dir=tmp_path / "ray", executor="papermill", scheduler="ray", progress=False
+    )
+    (failure,) = failed.failed
+    assert failure.run_id == bad and "no-such-model" in failure.error
+    record = Path(failure.record)
+    assert record == tmp_path / "ray" / bad / "10_train.failed.ipynb" and "no-such-model" in record.read_text()
+    assert len(re.findall("ray worker start", (tmp_path / "ray" / ".logs" / f"{bad}.log").read_text())) == 1
 
 
 @pytest.mark.slow

@@ -192,6 +192,8 @@ def _fit(need: Resources, nodes: list[tuple[int, int]], run_id: str) -> Resource
 
     Raises ValueError when no node has the GPUs, instead of leaving the task queued forever.
     """
+    if not nodes:
+        raise ValueError("the Ray cluster has no alive nodes; start them with `ray start` (docs/cluster.md).")
     cpus = [c for g, c in nodes if g >= need.gpus and c >= 1]
     if not cpus:
         most = max((g for g, _ in nodes), default=0)
@@ -200,6 +202,14 @@ def _fit(need: Resources, nodes: list[tuple[int, int]], run_id: str) -> Resource
             f"{most}; add GPU nodes, or set device=cpu in the plan for a CPU-only cluster."
         )
     return Resources(need.gpus, min(need.cpus, max(cpus)))
+
+
+def _lost_task_error(ray, exc: Exception) -> str:
+    """One line for a task that returned no result: its worker kept dying, or the task body itself raised."""
+    lines = str(exc).strip().splitlines()
+    if isinstance(exc, ray.exceptions.RayTaskError):  # not retried: the run's own failures are caught inside
+        return f"the Ray task raised {type(exc.cause).__name__}: {exc.cause}"[:500]
+    return f"{type(exc).__name__} after {RAY_MAX_RETRIES} retries: {lines[0][:300] if lines else ''}"
 
 
 def _runtime_env() -> dict[str, Any]:
@@ -238,19 +248,21 @@ def execute_on_ray(units: list[dict[str, Any]], desc: str, progress: bool, addre
 
     pending: dict[Any, dict[str, Any]] = {}
     # Longest first (most collections); Ray starts queued tasks of one resource shape in the order submitted.
+    todo = []
     for unit in sorted(units, key=_unit_cost, reverse=True):
         run_id, phase = _unit_id(unit)
         if _already_done(unit):
             done(JobResult(run_id, phase, "skipped"))
-            continue
-        need = _fit(unit_resources(unit, has_gpus), nodes, run_id)
+        else:  # every request is checked before the first task starts
+            todo.append((unit, _fit(unit_resources(unit, has_gpus), nodes, run_id)))
+    for unit, need in todo:
         ref = task.options(
             num_gpus=need.gpus,
             num_cpus=need.cpus,
             max_retries=RAY_MAX_RETRIES,
             retry_exceptions=False,
             runtime_env=env,
-            name=run_id,
+            name=_unit_id(unit)[0],
         ).remote(unit, max(1, need.cpus))
         pending[ref] = unit | {"submitted": time.perf_counter()}
     while pending:
@@ -259,19 +271,10 @@ def execute_on_ray(units: list[dict[str, Any]], desc: str, progress: bool, addre
             unit = pending.pop(ref)
             try:
                 done(JobResult(**ray.get(ref)))
-            except ray.exceptions.RayError as exc:  # the worker was lost more often than it may be retried
+            except ray.exceptions.RayError as exc:
                 run_id, phase = _unit_id(unit)
-                text = str(exc).strip().splitlines()
-                done(
-                    JobResult(
-                        run_id,
-                        phase,
-                        "failed",
-                        time.perf_counter() - unit["submitted"],
-                        f"{type(exc).__name__} after {RAY_MAX_RETRIES} retries: {text[0][:300] if text else ''}",
-                        str(_worker_log(unit)),
-                    )
-                )
+                seconds = time.perf_counter() - unit["submitted"]
+                done(JobResult(run_id, phase, "failed", seconds, _lost_task_error(ray, exc), str(_worker_log(unit))))
     bar.close()
     order = {_unit_id(u)[0]: i for i, u in enumerate(units)}
     return sorted(results, key=lambda r: order[r.run_id])
