@@ -20,7 +20,7 @@ import torch
 
 from grpo_knobs.grpo import Sequence, clipped_surrogate_loss, collate, pack_micro_batches, token_logprobs
 from grpo_knobs.models import load_model
-from grpo_knobs.trainer import resolve_device
+from grpo_knobs.runtime import resolve_device
 
 # Dense bf16 peak by GPU name (vendor datasheets); MFU is reported against this.
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "B200": 2250e12}
@@ -60,8 +60,8 @@ def bench_budget(model, seqs, budget: int, device: torch.device, repeats: int) -
             with autocast:
                 logp = token_logprobs(model, mb)  # [m, R]
             terms = clipped_surrogate_loss(logp, logp.detach(), adv[idx].to(device), mb.response_mask, clip_low=0.2,
-                                           clip_high=0.28, aggregation="sequence-mean", update_responses=len(seqs),
-                                           update_tokens=float(n_tokens))
+                                           clip_high=0.28, aggregation="sequence-mean", global_batch_size=len(seqs),
+                                           global_batch_tokens=float(n_tokens))
             terms.loss.backward()
 
     @torch.no_grad()

@@ -28,8 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 STUDY_DIR = FIXTURES / "synthetic_study"
 BENCHMARK = FIXTURES / "rollout-synthetic.json"
-REFERENCE = ROOT.parent / "shared" / "data" / "reference" / "study_endpoints.csv"
-needs_reference = pytest.mark.skipif(not REFERENCE.is_file(), reason="../shared reference CSV not present")
+REFERENCE = ROOT / "data" / "reference" / "study_endpoints.csv"
 
 
 @pytest.fixture(scope="module")
@@ -337,7 +336,6 @@ def test_screening_table_question_order(study):
     assert t.iloc[0]["val_pct"] == pytest.approx(100 * 58 / 64)
 
 
-@needs_reference
 def test_reference_reproduces_the_published_phase_tables(reference):
     conf = reference[reference["phase"] == "confirmation"]
     g = an.phase_cost_table(conf[conf["task"] == "gsm8k"]).set_index("recipe").round(2)
@@ -351,7 +349,6 @@ def test_reference_reproduces_the_published_phase_tables(reference):
     assert first[["val_pct", "phase_min", "job_min"]].tolist() == [81.64, 18.17, 23.77]
 
 
-@needs_reference
 def test_screening_table_adds_the_study_numbers(study, reference):
     _, arms = an.SCREENING_QUESTIONS["collection_size"]
     t = an.screening_table(study.runs, arms, reference).set_index(["task", "arm"]).round(2)

@@ -26,8 +26,8 @@ def gsm8k():
 @pytest.fixture(scope="module")
 def gsm8k_dir():
     directory = data.resolve_gsm8k_dir()
-    if directory is None:
-        pytest.skip("local GSM8K files not found")
+    # The repository ships GSM8K (data/gsm8k), so a clone alone is enough.
+    assert directory == data.REPO_ROOT / "data" / "gsm8k"
     return directory
 
 
@@ -93,7 +93,14 @@ def test_gsm8k_dedup_rule_drops_duplicates(gsm8k_copy):
     assert {0, 1, 2}.isdisjoint(eligible) and len(eligible) == 7470
 
 
-def test_env_var_overrides_data_dir(monkeypatch, gsm8k_copy):
+def test_lookup_order_data_dir_then_repository_then_env_var(monkeypatch, gsm8k_copy, gsm8k_dir, tmp_path):
+    monkeypatch.setenv(data.DATA_ENV_VAR, str(tmp_path / "elsewhere"))
+    assert data.resolve_gsm8k_dir(gsm8k_copy) == gsm8k_copy
+    assert data.resolve_gsm8k_dir() == gsm8k_dir
+
+
+def test_env_var_used_when_the_repository_copy_is_absent(monkeypatch, gsm8k_copy, tmp_path):
+    monkeypatch.setattr(data, "_default_gsm8k_dirs", lambda: [tmp_path / "absent"])
     monkeypatch.setenv(data.DATA_ENV_VAR, str(gsm8k_copy))
     assert data.resolve_gsm8k_dir() == gsm8k_copy
     assert len(load_split("gsm8k", "test")) == 1319
@@ -105,6 +112,7 @@ def test_env_var_overrides_data_dir(monkeypatch, gsm8k_copy):
 def test_missing_explicit_dir_is_an_error(monkeypatch, tmp_path):
     with pytest.raises(FileNotFoundError, match="data_dir"):
         load_split("gsm8k", "test", data_dir=tmp_path / "nowhere")
+    monkeypatch.setattr(data, "_default_gsm8k_dirs", lambda: [tmp_path / "absent"])
     monkeypatch.setenv(data.DATA_ENV_VAR, str(tmp_path / "nowhere"))
     with pytest.raises(FileNotFoundError, match=data.DATA_ENV_VAR):
         load_split("gsm8k", "test")
@@ -263,7 +271,7 @@ def test_manifest_rows_and_hashes(task):
 
 def test_gsm8k_manifest_records_source_files(gsm8k_dir):
     source = json.loads((data.MANIFEST_DIR / "gsm8k.json").read_text())["splits"]["test"]["source"]
-    assert source["files"]["test"]["path"] == "../shared/data/gsm8k/test.jsonl"
+    assert source["files"]["test"]["path"] == "data/gsm8k/test.jsonl"
     assert source["files"]["test"]["sha256"] == data.sha256_file(gsm8k_dir / "test.jsonl")
 
 
@@ -313,3 +321,19 @@ def test_render_prompt_uses_chat_template():
     rendered = prompts.render_prompt(problem, tokenizer)
     assert tokenizer.call == (prompts.build_messages(problem), False, True)
     assert rendered.endswith("<|im_start|>assistant\n")
+
+
+def test_broken_row_names_file_and_line(gsm8k_copy):
+    path = gsm8k_copy / "train.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines()
+    lines[100] = lines[100][:50]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"train\.jsonl, line 101: not valid JSON"):
+        load_split("gsm8k", "train", data_dir=gsm8k_copy)
+
+
+def test_invalid_manifest_names_its_file(monkeypatch, tmp_path):
+    (tmp_path / "countdown-2x10.json").write_text("{not json")
+    monkeypatch.setattr(data, "MANIFEST_DIR", tmp_path)
+    with pytest.raises(ValueError, match=r"countdown-2x10\.json is not valid JSON"):
+        load_split("countdown-2x10", "test")

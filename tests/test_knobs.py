@@ -5,10 +5,12 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from grpo_knobs.knobs import LR_FOLLOWUP_ARM, STUDY_ARMS, BatchPlan
+from grpo_knobs.knobs import LR_FOLLOWUP_ARM, STUDY_ARMS, BatchPlan, update_slices
 
 STUDY_TABLE = {  # arm: (P, G, B, S, lr multiplier), as the study lists them
     "onpolicy-small": (16, 8, 128, 1, 1.0),
@@ -109,3 +111,57 @@ def test_cli_prints_the_derived_plan_and_errors():
     bad = subprocess.run([sys.executable, "-m", "grpo_knobs.cli", "knobs", "--rollout-batch-size", "64",
                           "--n-samples-per-prompt", "8", "--global-batch-size", "500"], capture_output=True, text=True)
     assert bad.returncode == 2 and "global_batch_size=500" in bad.stderr
+
+
+# --- update_slices: which responses each update uses ---------------------------------------
+
+
+@st.composite
+def plans(draw):
+    """Valid shapes: B divides P x G (every response used once)."""
+    p, g = draw(st.integers(1, 40)), draw(st.integers(2, 16))
+    divisors = [d for d in range(1, p * g + 1) if (p * g) % d == 0]
+    return BatchPlan(p, g, draw(st.sampled_from(divisors)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(plans(), st.integers(0, 2**31), st.integers(0, 1000))
+def test_update_slices_use_every_response_exactly_once(plan, seed, collection):
+    slices = update_slices(plan, seed, collection)
+    assert len(slices) == plan.num_steps_per_rollout
+    assert all(s.shape == (plan.global_batch_size,) for s in slices)
+    flat = np.concatenate(slices)
+    assert sorted(flat.tolist()) == list(range(plan.responses_per_collection))  # disjoint and covering
+
+
+@settings(max_examples=300, deadline=None)
+@given(plans(), st.integers(0, 2**31), st.integers(0, 1000))
+def test_update_slices_hold_whole_groups_when_g_divides_b(plan, seed, collection):
+    g = plan.n_samples_per_prompt
+    for s in update_slices(plan, seed, collection):
+        groups = s // g
+        if plan.global_batch_size % g == 0:
+            assert all((groups == k).sum() == g for k in np.unique(groups))  # every member of each group
+        # Members of a group are contiguous in the shuffled order, so a slice splits at most two groups.
+        assert len(np.unique(groups)) <= plan.global_batch_size // g + 2
+
+
+@given(plans(), st.integers(0, 2**31), st.integers(0, 1000))
+def test_update_slices_are_fixed_by_seed_and_collection(plan, seed, collection):
+    a, b = update_slices(plan, seed, collection), update_slices(plan, seed, collection)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_update_slices_differ_between_collections_and_seeds():
+    plan = BatchPlan(64, 8, 128)
+    base = np.concatenate(update_slices(plan, 1, 0))
+    assert not np.array_equal(base, np.concatenate(update_slices(plan, 1, 1)))
+    assert not np.array_equal(base, np.concatenate(update_slices(plan, 2, 0)))
+
+
+def test_update_slices_match_the_recorded_rule():
+    """The rule the committed runs used: groups permuted by default_rng([seed, 11, collection])."""
+    plan = BatchPlan(4, 2, 4)
+    order = np.random.default_rng([3, 11, 5]).permutation(4)
+    expected = [g * 2 + k for g in order for k in range(2)]
+    assert np.concatenate(update_slices(plan, 3, 5)).tolist() == expected

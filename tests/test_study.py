@@ -24,7 +24,7 @@ from grpo_knobs.records import RunDir, atomic_write_json
 from grpo_knobs.study import run as study_run
 
 ROOT = Path(__file__).resolve().parents[1]
-ENDPOINTS = ROOT.parent / "shared" / "data" / "reference" / "study_endpoints.csv"
+ENDPOINTS = ROOT / "data" / "reference" / "study_endpoints.csv"
 PAPER_PICKS = {"gsm8k": ["onpolicy-small", "onpolicy-large", "batch-256-sqrt"]}
 
 
@@ -205,7 +205,6 @@ def _published_screen(study_dir: Path, p: study.Plan) -> None:
                       float(row["job_seconds"]), test_accuracy=1.0 if row["arm"] == "group-32" else 0.0)
 
 
-@pytest.mark.skipif(not ENDPOINTS.exists(), reason="needs ../shared/data/reference/study_endpoints.csv")
 def test_selection_rule_on_the_published_screen_reads_validation_only(tmp_path, monkeypatch):
     p = study.plan("paper", study_dir=tmp_path)
     _published_screen(tmp_path, p)

@@ -49,6 +49,7 @@ def test_run_records_follow_the_schema_and_the_plan(tiny_run):
 
     ev = run.evals()
     assert list(ev.columns) == list(EVAL_COLUMNS)
+    assert ev["response"].notna().all()  # the model's own words, kept for reading afterwards
     assert sorted(ev["responses"].unique()) == cfg.eval_points == [0, 32, 48]
     assert (ev.groupby("responses").size() == 4).all()
     assert set(ev["split"]) == {"validation"}
@@ -71,6 +72,15 @@ def test_run_records_follow_the_schema_and_the_plan(tiny_run):
     assert conf["rollout_path"] == {"auto": "eager", "off": "eager", "on": "fast", "fused": "fused"}[cfg.fast_rollout]  # CPU
     assert conf["source_sha256"] == source_sha256()
     assert (run.final_path / "model.safetensors").exists()
+
+    for r in rows:  # collapse diagnostics
+        assert len(r["group_reward_means"]) == 4 and 0.0 <= r["zero_advantage_fraction"] <= 1.0
+        assert r["zero_advantage_fraction"] == pytest.approx(1.0 - r["mixed_group_fraction"])  # 0/1 rewards
+        assert r["entropy_mean"] > 0
+    samples = run.samples()
+    assert samples and {s["collection"] for s in samples} == {0, 1, 2}
+    per_outcome = pd.DataFrame(samples).groupby(["collection", "reward"]).size()
+    assert (per_outcome <= 2).all()
 
 
 def test_a_rerun_never_overwrites(tiny_run):
@@ -124,12 +134,12 @@ def test_resume_continues_from_the_last_saved_collection_and_matches(tiny_run, t
     keys = ("collection", "responses", "updates", "reward_mean", "output_tokens")
     assert [[r[k] for k in keys] for r in partial.collections()] == [[r[k] for k in keys] for r in run.collections()]
     assert sorted(partial.evals()["responses"].unique()) == [0, 32, 48]
-    assert not partial.resume_path.exists()
+    assert partial.resume_states() == []  # removed once the run is complete
 
 
 def test_a_resume_that_cannot_load_its_state_marks_the_run_failed(tiny_run, tmp_path):
     crash_cfg, partial = crashed_run(tiny_run[0], tmp_path)
-    (partial.resume_path / "optimizer.pt").write_bytes(b"not a checkpoint")
+    (partial.latest_resume_state() / "optimizer.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(Exception):
         train(RunConfig(**(crash_cfg.to_dict() | {"resume": True})), progress=False)
     state = partial.state()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import data as data_mod
-from .evaluation import evaluate
+from .evaluation import evaluate_model
 from .records import atomic_write_parquet
 from .verifiers import grade
 
@@ -21,15 +21,8 @@ def run_reward_audit(task: str = "gsm8k", model: str = "smollm2-135m-instruct", 
                      max_new_tokens: int = 256, out_dir: Path = Path("runs/audit"), device: str = "auto",
                      split: str = "validation") -> Path:
     """Writes ``<out_dir>/reward_audit-<task>.parquet`` and returns its path."""
-    from .models import load_model
-    from .rollout import make_engine
-    from .trainer import resolve_device
-
-    dev = resolve_device(device)
-    m, tok, _ = load_model(model, device=dev)
-    engine = make_engine("hf", m, tok, device=dev)
     chosen = data_mod.load_split(task, split)[:problems]
-    rows = evaluate(engine, tok, chosen, max_new_tokens, progress=True)
+    rows, _ = evaluate_model(model, chosen, max_new_tokens, device)
     df = pd.DataFrame({
         "problem_id": [p.id for p in chosen],
         "answer": [p.answer for p in chosen],

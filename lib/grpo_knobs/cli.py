@@ -7,9 +7,15 @@ Jupyter (the GPU machine) they are the way to run training and studies.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import sys
+import traceback
 from pathlib import Path
+
+# Set to 1 (or pass --debug) to see the traceback behind an error message.
+DEBUG_ENV = "GRPO_KNOBS_DEBUG"
 
 
 def _cmd_knobs(a: argparse.Namespace) -> int:
@@ -48,6 +54,9 @@ def _cmd_train(a: argparse.Namespace) -> int:
     from .trainer import train
     overrides = parse_overrides(a.param or [])
     cfg = RunConfig.from_yaml(a.config, overrides) if a.config else RunConfig.from_dict(overrides)
+    a.resume_hint = "grpo-knobs train " + " ".join(
+        ([f"--config {a.config}"] if a.config else []) + [f"-p {p}" for p in (a.param or []) if not p.startswith("resume=")]
+        + ["-p resume=true"])
     print(cfg.plan.describe())
     print(f"  budget {cfg.response_budget} responses = {cfg.collections} collections, "
           f"{cfg.plan.updates_for_budget(cfg.response_budget)} updates; evaluations at {cfg.eval_points}")
@@ -66,8 +75,8 @@ def _cmd_test_eval(a: argparse.Namespace) -> int:
 
 def _cmd_plan(a: argparse.Namespace) -> int:
     from . import study
-    from .config import parse_overrides
-    plan = study.plan(a.preset, study_dir=a.study_dir, params=parse_overrides(a.param or []))
+    from .config import parse_plan_params
+    plan = study.plan(a.preset, study_dir=a.study_dir, params=parse_plan_params(a.param or []))
     if a.json:
         print(json.dumps(study.plan_to_json(plan), indent=2))
     else:
@@ -77,9 +86,10 @@ def _cmd_plan(a: argparse.Namespace) -> int:
 
 def _cmd_study(a: argparse.Namespace) -> int:
     from . import study
-    from .config import parse_overrides
+    from .config import parse_plan_params
+    a.resume_hint = f"run the same `grpo-knobs study {a.preset}` command again (complete runs are skipped)"
     report = study.run_study(a.preset, phases=a.phase or None, jobs=a.jobs, study_dir=a.study_dir,
-                             executor=a.executor, params=parse_overrides(a.param or []), only=a.only or None,
+                             executor=a.executor, params=parse_plan_params(a.param or []), only=a.only or None,
                              scheduler=a.scheduler, ray_address=a.ray_address)
     print(report.summary())
     if report.failed:
@@ -106,6 +116,16 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_notebook_params(a: argparse.Namespace) -> int:
+    from .study.notebooks import write_parameters_cell
+    matched = write_parameters_cell(check=a.check)
+    if a.check and not matched:
+        raise ValueError("the parameters cell of notebooks/10_train.ipynb differs from RunConfig; "
+                         "run `grpo-knobs notebook-params` to rewrite it")
+    print("notebooks/10_train.ipynb: parameters cell " + ("matches RunConfig" if matched else "rewritten from RunConfig"))
+    return 0
+
+
 def _cmd_audit(a: argparse.Namespace) -> int:
     from .audit import run_reward_audit
     out = run_reward_audit(task=a.task, model=a.model, problems=a.problems, max_new_tokens=a.max_new_tokens,
@@ -116,6 +136,7 @@ def _cmd_audit(a: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="grpo-knobs", description=__doc__.splitlines()[0])
+    p.add_argument("--debug", action="store_true", help=f"Show tracebacks (also: {DEBUG_ENV}=1).")
     sub = p.add_subparsers(dest="command", required=True)
 
     k = sub.add_parser("knobs", help="Derive and check a batch plan (P x G = B x S).")
@@ -185,6 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="Re-execute the committed notebooks in place (results/h200-mini -> figures/).")
     an.set_defaults(func=_cmd_analyze)
 
+    nbp = sub.add_parser("notebook-params", help="Rewrite the parameters cell of notebooks/10_train.ipynb from RunConfig.")
+    nbp.add_argument("--check", action="store_true", help="Only check; exit 2 when the cell differs.")
+    nbp.set_defaults(func=_cmd_notebook_params)
+
     au = sub.add_parser("audit", help="Reward audit: grade the initial model strict and flexible.")
     au.add_argument("--task", default="gsm8k")
     au.add_argument("--model", default="smollm2-135m-instruct")
@@ -196,12 +221,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line(exc: BaseException) -> str:
+    """The error as one line that says what went wrong (and, from our own errors, how to fix it)."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return f"no space left on the device writing {exc.filename or 'records'}; free space and resume the run"
+    if isinstance(exc, PermissionError):
+        return f"permission denied: {exc.filename}; choose a writable output_dir"
+    if isinstance(exc, OSError) and exc.filename and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}"
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if isinstance(exc, (ValueError, OSError, RuntimeError)) else f"{type(exc).__name__}: {text}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
         return args.func(args)
-    except (ValueError, FileExistsError, FileNotFoundError, RuntimeError) as exc:
-        print(f"grpo-knobs {args.command}: error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        hint = getattr(args, "resume_hint", None)
+        print(f"grpo-knobs {args.command}: interrupted" + (f"; to continue: {hint}" if hint else ""), file=sys.stderr)
+        return 130
+    except (ValueError, OSError, RuntimeError, ImportError) as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"grpo-knobs {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
 
 

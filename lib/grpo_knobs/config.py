@@ -8,7 +8,11 @@ command run exactly the same code path.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
+import textwrap
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +25,7 @@ PHASES = ("adhoc", "screening", "lr-followup", "confirmation", "pilot")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
     # --- what is trained, on what
     task: str = field(default="countdown-2x10", metadata={"help": "Task variant (grpo_knobs.data.TASKS)."})
@@ -33,9 +37,9 @@ class RunConfig:
     num_steps_per_rollout: int | None = field(default=None, metadata={"help": "S: updates per collection; derived when None."})
     # --- optimisation
     lr: float = field(default=3e-6, metadata={"help": "Constant AdamW learning rate."})
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.98
-    weight_decay: float = 0.1
+    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
+    adam_beta2: float = field(default=0.98, metadata={"help": "AdamW beta2."})
+    weight_decay: float = field(default=0.1, metadata={"help": "AdamW decoupled weight decay."})
     grad_clip: float = field(default=1.0, metadata={"help": "Global gradient-norm clip."})
     clip_low: float = field(default=0.2, metadata={"help": "PPO ratio clip below: 1 - clip_low."})
     clip_high: float = field(default=0.28, metadata={"help": "PPO ratio clip above: 1 + clip_high."})
@@ -72,7 +76,7 @@ class RunConfig:
     resume: bool = field(default=False, metadata={"help": "Continue an existing run from its last saved collection."})
     save_checkpoint: bool = field(default=True, metadata={"help": "Save final/ safetensors at the end."})
     resume_every_collections: int = field(default=0, metadata={"help": "Save resumable state every N collections (0: at evaluations)."})
-    data_dir: str | None = field(default=None, metadata={"help": "GSM8K directory (else GRPO_KNOBS_DATA or ../shared/data/gsm8k)."})
+    data_dir: str | None = field(default=None, metadata={"help": "GSM8K directory (else the repository's data/gsm8k, then GRPO_KNOBS_DATA)."})
     # --- labels used by studies and analysis
     study: str = field(default="adhoc", metadata={"help": "Study name recorded with the run."})
     phase: str = field(default="adhoc", metadata={"help": "screening, lr-followup, confirmation, pilot or adhoc."})
@@ -81,12 +85,11 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         self.validate()
-
-    # Derived values, computed from the typed block above.
-    @property
-    def plan(self) -> BatchPlan:
-        return BatchPlan(self.rollout_batch_size, self.n_samples_per_prompt,
-                         self.global_batch_size, self.num_steps_per_rollout)
+        # Derived once: S (when left to be derived) and the plan every later step reads.
+        plan = BatchPlan(self.rollout_batch_size, self.n_samples_per_prompt, self.global_batch_size,
+                         self.num_steps_per_rollout)
+        object.__setattr__(self, "num_steps_per_rollout", plan.num_steps_per_rollout)
+        object.__setattr__(self, "plan", plan)
 
     @property
     def collections(self) -> int:
@@ -105,12 +108,13 @@ class RunConfig:
         return Path(self.output_dir) / self.resolved_run_id
 
     def validate(self) -> None:
-        """Fail fast, with the field name and a fix, on any bad value."""
-        plan = self.plan  # raises on a bad knob shape
+        """Fail fast, with the field name and a fix, on any bad value. Changes nothing."""
+        _check_types(self)
+        plan = BatchPlan(self.rollout_batch_size, self.n_samples_per_prompt, self.global_batch_size,
+                         self.num_steps_per_rollout)  # raises on a bad knob shape, naming the knob to change
         plan.eval_points(self.response_budget, self.eval_every_responses)
-        if self.num_steps_per_rollout is None:
-            self.num_steps_per_rollout = plan.num_steps_per_rollout
         from .data import list_tasks
+
         if self.task not in list_tasks():
             raise ValueError(f"Unknown task {self.task!r}; valid tasks: {', '.join(list_tasks())}.")
         if not self.lr > 0:
@@ -124,32 +128,25 @@ class RunConfig:
             raise ValueError(f"clip_high must be positive: the ratio is clipped above at 1 + clip_high; got {self.clip_high}.")
         if self.weight_decay < 0 or self.grad_clip <= 0 or self.kl_coef < 0:
             raise ValueError("weight_decay and kl_coef must be >= 0 and grad_clip > 0.")
-        if self.loss_aggregation not in LOSS_AGGREGATIONS:
-            raise ValueError(f"loss_aggregation must be one of {LOSS_AGGREGATIONS}, got {self.loss_aggregation!r}.")
-        if self.engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}.")
-        if self.fast_rollout not in ("auto", "on", "off", "fused"):
-            raise ValueError(f"fast_rollout must be auto, on, off or fused, got {self.fast_rollout!r}.")
-        if self.phase not in PHASES:
-            raise ValueError(f"phase must be one of {PHASES}, got {self.phase!r}.")
+        _check_choice("loss_aggregation", self.loss_aggregation, LOSS_AGGREGATIONS)
+        _check_choice("engine", self.engine, ENGINES)
+        _check_choice("fast_rollout", self.fast_rollout, FAST_ROLLOUT)
+        _check_choice("phase", self.phase, PHASES)
         if self.micro_batch_size is not None and self.max_tokens_per_micro_batch is not None:
             raise ValueError("Set micro_batch_size or max_tokens_per_micro_batch, not both (set the other to None).")
         if self.micro_batch_size is None and self.max_tokens_per_micro_batch is None:
             raise ValueError("Set one of micro_batch_size or max_tokens_per_micro_batch.")
-        for name in ("micro_batch_size", "max_tokens_per_micro_batch", "eval_problems", "eval_max_new_tokens"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
-                raise ValueError(f"{name} must be a positive integer or None, got {v!r}.")
-        for name in ("max_new_tokens", "generation_batch_size"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}.")
+        for name in ("micro_batch_size", "max_tokens_per_micro_batch", "eval_problems", "eval_max_new_tokens",
+                     "max_new_tokens", "generation_batch_size"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value}.")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be positive for training rollouts, got {self.temperature}.")
         if self.run_id and not _RUN_ID.match(self.run_id):
             raise ValueError(f"run_id {self.run_id!r} must be letters, digits, '.', '_' or '-' (at most 128).")
         if self.resume_every_collections < 0:
-            raise ValueError("resume_every_collections must be >= 0.")
+            raise ValueError(f"resume_every_collections must be >= 0, got {self.resume_every_collections}.")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -160,42 +157,188 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "RunConfig":
-        """Build from a mapping, refusing unknown keys with the closest valid names."""
+        """Build from a mapping (YAML, ``-p key=value``, papermill): unknown keys are refused with the
+        closest valid names, and every value is parsed to its field's declared type."""
         known = set(cls.field_names())
         unknown = sorted(set(values) - known)
         if unknown:
-            import difflib
             hints = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
             detail = ", ".join(f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items())
             raise ValueError(f"Unknown run parameter(s): {detail}. Valid names: {', '.join(sorted(known))}.")
-        return cls(**values)
+        hints = field_types()
+        return cls(**{k: parse_value(k, v, hints[k]) for k, v in values.items()})
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> "RunConfig":
         import yaml
-        with open(path) as f:
-            values = yaml.safe_load(f) or {}
+
+        try:
+            with open(path) as f:
+                values = yaml.safe_load(f) or {}
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(error, "problem", None) or "not valid YAML"
+            raise ValueError(f"{path}:{where}: {problem}; fix the YAML syntax there.") from None
         if not isinstance(values, dict):
             raise ValueError(f"{path}: expected a mapping of run parameters, got {type(values).__name__}.")
         values.update(overrides or {})
         return cls.from_dict(values)
 
 
-def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    """Parse ``key=value`` strings; values are read as YAML scalars (1e-5, true, null, 64)."""
-    import yaml
-    out: dict[str, Any] = {}
+# The parameters cell of notebooks/10_train.ipynb: comment lines that open each group of fields.
+SECTIONS = {
+    "task": "what is trained, on what",
+    "rollout_batch_size": "the four batch knobs: P x G = B x S exactly",
+    "lr": "optimisation",
+    "seed": "budget and evaluation",
+    "micro_batch_size": "memory and speed (never change the learning algorithm)",
+    "output_dir": "records",
+    "study": "labels used by studies and analysis",
+}
+PARAMETERS_HEADER = (
+    "# Parameters: one typed block of defaults, generated from grpo_knobs.config.RunConfig\n"
+    "# (`grpo-knobs notebook-params` rewrites it); papermill overrides any of them.\n"
+)
+
+
+def parameters_cell() -> str:
+    """The source of the notebook's ``parameters`` cell: every RunConfig field, its type and default."""
+    lines = [PARAMETERS_HEADER]
+    for f in dataclasses.fields(RunConfig):
+        if f.name in SECTIONS:
+            lines.append(f"\n# --- {SECTIONS[f.name]}\n")
+        help_text = " ".join(f.metadata.get("help", "").split())
+        code = f"{f.name}: {f.type} = {f.default!r}"
+        if len(code) + len(help_text) + 4 <= 119:
+            lines.append(f"{code}  # {help_text}\n")
+        else:  # a long help reads better above its field
+            lines += [f"# {line}\n" for line in textwrap.wrap(help_text, 115)] + [f"{code}\n"]
+    return "".join(lines).rstrip("\n")
+
+
+# Fields that may change when a run is resumed: where and how it runs, not what it learns.
+RESUMABLE_FIELDS = frozenset({"resume", "output_dir", "device", "engine_url", "data_dir"})
+FAST_ROLLOUT = ("auto", "on", "off", "fused")
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def config_drift(recorded: dict[str, Any], cfg: RunConfig) -> list[str]:
+    """``key: recorded X, now Y`` for each field that differs from a run's recorded config.
+
+    Fields in :data:`RESUMABLE_FIELDS` and fields newer than the record are not compared, so a
+    new RunConfig field keeps older runs resumable.
+    """
+    now = cfg.to_dict()
+    return [f"{k}: recorded {recorded[k]!r}, now {v!r}" for k, v in now.items()
+            if k not in RESUMABLE_FIELDS and k in recorded and recorded[k] != v]
+
+
+def field_types() -> dict[str, Any]:
+    """Each RunConfig field's declared type, resolved (``int | None`` -> ``int | None``)."""
+    return typing.get_type_hints(RunConfig)
+
+
+def _base_types(declared: Any) -> tuple[tuple[type, ...], bool]:
+    """(the non-None types of a field, whether None is allowed)."""
+    if isinstance(declared, types.UnionType) or typing.get_origin(declared) is typing.Union:
+        args = typing.get_args(declared)
+        return tuple(a for a in args if a is not type(None)), type(None) in args
+    return (declared,), False
+
+
+def parse_value(name: str, value: Any, declared: Any) -> Any:
+    """``value`` as the declared type of field ``name``; strings are parsed, nothing is guessed.
+
+    Booleans accept true/false, yes/no, on/off, 1/0; integers must be whole numbers; ``null`` or
+    ``none`` give None where the field allows it.
+    """
+    kinds, optional = _base_types(declared)
+    if value is None or (optional and isinstance(value, str) and value.strip().lower() in ("null", "none", "~")):
+        if optional:
+            return None
+        raise ValueError(f"{name} must be a {kinds[0].__name__}, not null.")
+    kind = kinds[0]
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+            return value.strip().lower() in _TRUE
+        raise ValueError(f"{name} must be true or false (also yes/no, on/off, 1/0), got {value!r}.")
+    if kind is int:
+        if isinstance(value, str):
+            text = value.strip()
+            try:
+                value = int(text)
+            except ValueError:
+                try:
+                    value = float(text)
+                except ValueError:
+                    raise ValueError(f"{name} must be an integer, got {text!r}.") from None
+        if isinstance(value, float) and value.is_integer():
+            raise ValueError(f"{name} must be an integer, got {value!r}; write {int(value)}.")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be an integer, got {value!r}.")
+        return value
+    if kind is float:
+        if isinstance(value, str):
+            try:
+                return float(value.strip())
+            except ValueError:
+                raise ValueError(f"{name} must be a number, got {value!r}.") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{name} must be a number, got {value!r}.")
+        return float(value)
+    if kind is str and not isinstance(value, str):
+        raise ValueError(f"{name} must be a string, got {value!r}.")
+    return value
+
+
+def _check_types(cfg: RunConfig) -> None:
+    """Every field holds its declared type (the parse happens in :meth:`RunConfig.from_dict`)."""
+    for name, declared in field_types().items():
+        value = getattr(cfg, name)
+        kinds, optional = _base_types(declared)
+        if value is None and optional:
+            continue
+        kind = kinds[0]
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) if kind is float else (
+            isinstance(value, kind) and (kind is bool or not isinstance(value, bool)))
+        if not ok:
+            allowed = " or None" if optional else ""
+            raise ValueError(f"{name} must be {kind.__name__}{allowed}, got {value!r} ({type(value).__name__}); "
+                             "build configs with RunConfig.from_dict to parse strings.")
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}.")
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, str]:
+    """``key=value`` strings as a mapping of raw strings; :meth:`RunConfig.from_dict` parses each
+    value to its field's type (so ``resume=no`` is False and ``fast_rollout=on`` stays the word)."""
+    out: dict[str, str] = {}
     for pair in pairs:
         if "=" not in pair:
             raise ValueError(f"Expected key=value, got {pair!r}.")
         key, raw = pair.split("=", 1)
+        out[key.strip()] = raw.strip()
+    return out
+
+
+def parse_plan_params(pairs: list[str]) -> dict[str, Any]:
+    """``key=value`` strings for a study plan's ``params``: values read as YAML scalars (1e-5, true, 64)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for key, raw in parse_overrides(pairs).items():
         # YAML 1.1 reads on/off/yes/no as booleans; here they are the words (fast_rollout=on).
         value = raw if raw.lower() in ("on", "off", "yes", "no", "y", "n") else (yaml.safe_load(raw) if raw else "")
-        # YAML reads 3e-6 as a string (no dot); accept plain float spellings too.
-        if isinstance(value, str):
-            try:
-                value = float(value) if any(c in value for c in ".eE") else value
+        if isinstance(value, str) and any(c in value for c in ".eE"):
+            try:  # YAML reads 3e-6 as a string (no dot)
+                value = float(value)
             except ValueError:
                 pass
-        out[key.strip()] = value
+        out[key] = value
     return out

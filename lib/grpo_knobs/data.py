@@ -277,9 +277,8 @@ def _build_splits(spec: TaskSpec, data_dir) -> dict[str, tuple[Problem, ...]]:
 
 
 def _default_gsm8k_dirs() -> list[Path]:
-    """Where a checkout finds GSM8K by default: ``../shared`` beside the repository."""
-    relative = Path("..") / "shared" / "data" / "gsm8k"
-    return [REPO_ROOT / relative, Path.cwd() / relative]
+    """The copy that ships with the repository (``data/gsm8k``, see its SOURCE.md)."""
+    return [REPO_ROOT / "data" / "gsm8k"]
 
 
 def _gsm8k_files(directory: Path) -> tuple[Path, Path] | None:
@@ -292,29 +291,40 @@ def _gsm8k_files(directory: Path) -> tuple[Path, Path] | None:
 
 
 def resolve_gsm8k_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
-    """The local GSM8K directory: ``data_dir``, else ``$GRPO_KNOBS_DATA``, else defaults.
+    """The local GSM8K directory: ``data_dir``, else the repository's copy, else ``$GRPO_KNOBS_DATA``.
 
-    An explicitly given directory must hold the files (no silent fallback);
-    None means no default location has them, and the hub is the last resort.
+    An explicitly given directory must hold the files (no silent fallback); None means no
+    local copy exists, and the hub is the last resort.
     """
-    explicit = data_dir if data_dir is not None else os.environ.get(DATA_ENV_VAR)
-    if explicit:
-        origin = "data_dir" if data_dir is not None else f"${DATA_ENV_VAR}"
-        if _gsm8k_files(Path(explicit)) is None:
-            raise FileNotFoundError(
-                f"{origin}={explicit} has no train.jsonl and test.jsonl "
-                f"(checked it and its gsm8k/ subdirectory)"
-            )
-        return Path(explicit)
+    if data_dir is not None:
+        if _gsm8k_files(Path(data_dir)) is None:
+            raise FileNotFoundError(f"data_dir={data_dir} has no train.jsonl and test.jsonl "
+                                    "(checked it and its gsm8k/ subdirectory)")
+        return Path(data_dir)
     for candidate in _default_gsm8k_dirs():
         if _gsm8k_files(candidate) is not None:
             return candidate.resolve()
+    env = os.environ.get(DATA_ENV_VAR)
+    if env:
+        if _gsm8k_files(Path(env)) is None:
+            raise FileNotFoundError(f"${DATA_ENV_VAR}={env} has no train.jsonl and test.jsonl "
+                                    "(checked it and its gsm8k/ subdirectory)")
+        return Path(env)
     return None
 
 
 def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
     with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}, line {number}: not valid JSON ({error.msg} at column {error.colno}); "
+                                 "restore the file from its source (see data/gsm8k/SOURCE.md)") from None
+    return rows
 
 
 def _relative_to_repo(path: Path) -> str:
@@ -646,7 +656,11 @@ def _read_manifest(task: str, required: bool = True) -> dict | None:
                 f"no manifest for task {task!r} at {path}; run `grpo-knobs data build` to write it"
             )
         return None
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"manifest {path} is not valid JSON (line {error.lineno}, column {error.colno}: "
+                         f"{error.msg}); restore it with git or rebuild it with `grpo-knobs data build`") from None
 
 
 def _verify(task: str, split: str, problems: tuple[Problem, ...]) -> None:

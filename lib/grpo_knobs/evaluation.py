@@ -46,6 +46,22 @@ def evaluate(engine, tokenizer, problems: list, max_new_tokens: int, batch_size:
     return rows
 
 
+def evaluate_model(model_name: str, problems: list, max_new_tokens: int, device: str = "auto",
+                   progress: bool = True) -> tuple[list[dict[str, Any]], Any]:
+    """Load a checkpoint or registry model, build its engine, and evaluate it greedily on ``problems``.
+
+    Returns the per-problem rows of :func:`evaluate` and the model's provenance (``ModelInfo``).
+    """
+    from .models import load_model
+    from .rollout import make_engine
+    from .runtime import resolve_device
+
+    dev = resolve_device(device)
+    model, tokenizer, info = load_model(model_name, device=dev)
+    engine = make_engine("hf", model, tokenizer, device=dev)
+    return evaluate(engine, tokenizer, problems, max_new_tokens, progress=progress), info
+
+
 def run_test_job(study_dir: str | Path, job: dict) -> Path:
     """The terminal test job: evaluate a checkpoint (or the initial model) on the test split.
 
@@ -54,22 +70,16 @@ def run_test_job(study_dir: str | Path, job: dict) -> Path:
     ``problems`` (None = the whole split), ``device``, ``data_dir``. Writes
     ``<study_dir>/<run_id>/test.parquet`` and never overwrites an existing one.
     """
-    from .models import load_model
-    from .records import RunDir, atomic_write_json, evals_frame, atomic_write_parquet
-    from .rollout import make_engine
-    from .trainer import resolve_device
+    from .records import RunDir, atomic_write_json, atomic_write_parquet, evals_frame
 
     run = RunDir(Path(study_dir) / job["run_id"])
     if run.test_path.exists():
         raise FileExistsError(f"{run.test_path} already exists; terminal test results are never overwritten.")
-    device = resolve_device(job.get("device", "auto"))
     t0 = time.perf_counter()
-    model, tokenizer, info = load_model(job["model"], device=device)
-    engine = make_engine("hf", model, tokenizer, device=device)
     problems = data_mod.load_split(job["task"], "test", data_dir=job.get("data_dir"))
     if job.get("problems"):
         problems = problems[: int(job["problems"])]
-    rows = evaluate(engine, tokenizer, problems, int(job["max_new_tokens"]), progress=True)
+    rows, info = evaluate_model(job["model"], problems, int(job["max_new_tokens"]), job.get("device", "auto"))
     run.path.mkdir(parents=True, exist_ok=True)
     if not run.config_path.exists():  # the initial model's job has no training config
         atomic_write_json(run.config_path, {"run_id": job["run_id"], "study": Path(study_dir).name,

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 KNOB_NAMES = ("rollout_batch_size", "n_samples_per_prompt", "global_batch_size", "num_steps_per_rollout")
 
 
@@ -161,6 +163,24 @@ class BatchPlan:
         )
 
 
+def update_slices(plan: BatchPlan, seed: int, collection: int) -> list[np.ndarray]:
+    """Which responses each of a collection's S updates uses: the study's central rule.
+
+    The collection is laid out group-major (P groups of G responses). Groups are shuffled with
+    ``(seed, collection)``, then the P x G responses are cut into S contiguous slices of B. So every
+    response is used exactly once, and when G divides B every slice holds whole groups (true for
+    every arm of the study); otherwise a group may straddle two slices (its advantages were already
+    computed over the whole group).
+
+    Returns:
+        S int64 arrays of shape [B]: indices into the collection's P x G responses.
+    """
+    p, g, b = plan.rollout_batch_size, plan.n_samples_per_prompt, plan.global_batch_size
+    order = np.random.default_rng([seed, 11, collection]).permutation(p)  # [P] shuffled groups
+    flat = (order[:, None] * g + np.arange(g)).reshape(-1)  # [P*G] members of a group stay together
+    return [flat[k * b:(k + 1) * b] for k in range(plan.num_steps_per_rollout)]
+
+
 @dataclass(frozen=True)
 class Arm:
     """A named knob shape with a learning-rate multiplier, as in the study's screening grid."""
@@ -172,10 +192,9 @@ class Arm:
     num_steps_per_rollout: int
     lr_multiplier: float = 1.0
 
-    @property
-    def plan(self) -> BatchPlan:
-        return BatchPlan(self.rollout_batch_size, self.n_samples_per_prompt,
-                         self.global_batch_size, self.num_steps_per_rollout)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "plan", BatchPlan(self.rollout_batch_size, self.n_samples_per_prompt,
+                                                   self.global_batch_size, self.num_steps_per_rollout))
 
 
 # The study's screening grid: 11 arms per task. The two "-sqrt" arms carry a scaled

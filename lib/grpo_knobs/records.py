@@ -7,8 +7,11 @@ new run id, or ``resume`` to continue from the last saved collection.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable
@@ -20,6 +23,7 @@ COLLECTION_FIELDS = (
     "mixed_group_fraction", "truncation_fraction", "response_length_mean", "response_length_max",
     "output_tokens", "output_tokens_cum", "logprob_mismatch", "per_update", "seconds",
     "active_seconds", "job_seconds", "peak_memory_gib",
+    "entropy_mean", "zero_advantage_fraction", "group_reward_means",
 )
 UPDATE_FIELDS = ("update", "loss", "clip_fraction", "clip_low_fraction", "clip_high_fraction",
                  "approx_kl", "ratio_mean", "ratio_max", "grad_norm", "tokens", "micro_batches")
@@ -27,9 +31,14 @@ EVAL_COLUMNS = {
     "run_id": "string", "split": "string", "collections": "int64", "updates": "int64", "responses": "int64",
     "output_tokens": "int64", "active_seconds": "float64", "job_seconds": "float64", "problem_id": "string",
     "correct": "float64", "correct_strict": "float64", "response_length": "int64", "truncated": "bool",
+    "response": "string",
 }
+# Columns that records written before they existed lack.
+OPTIONAL_EVAL_COLUMNS = ("response",)
+SAMPLE_FIELDS = ("collection", "responses", "prompt_id", "reward", "finish_reason", "length", "text")
 TIMING_FIELDS = ("generation", "trainer", "sync", "evaluation", "checkpoint", "init", "job", "other", "active_phase")
 STATUSES = ("running", "complete", "failed")
+_RESUME = re.compile(r"^resume-\d+$")
 
 
 class RunExistsError(FileExistsError):
@@ -55,6 +64,19 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode())
 
 
+def fsync_tree(folder: Path) -> None:
+    """Flush every file under ``folder`` and the folder itself to disk before it is renamed into place."""
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def read_json(path: Path) -> Any:
     with open(path) as f:
         return json.load(f)
@@ -62,11 +84,11 @@ def read_json(path: Path) -> Any:
 
 def evals_frame(rows: Iterable[dict]) -> pd.DataFrame:
     """Per-problem evaluation rows with the schema's column order and dtypes."""
-    df = pd.DataFrame(list(rows), columns=list(EVAL_COLUMNS))
-    missing = [c for c in EVAL_COLUMNS if c not in df.columns]
+    rows = list(rows)
+    missing = sorted({c for r in rows for c in EVAL_COLUMNS if c not in r and c not in OPTIONAL_EVAL_COLUMNS})
     if missing:
         raise ValueError(f"evaluation rows lack columns {missing}")
-    return df.astype(EVAL_COLUMNS)
+    return pd.DataFrame(rows, columns=list(EVAL_COLUMNS)).astype(EVAL_COLUMNS)
 
 
 def atomic_write_parquet(path: Path, df: pd.DataFrame) -> None:
@@ -94,7 +116,7 @@ class RunDir:
     @property
     def state_path(self) -> Path: return self.path / "state.json"
     @property
-    def resume_path(self) -> Path: return self.path / "resume"
+    def samples_path(self) -> Path: return self.path / "samples.jsonl.gz"
     @property
     def final_path(self) -> Path: return self.path / "final"
     @property
@@ -108,8 +130,8 @@ class RunDir:
         s = self.state()
         return bool(s and s.get("status") == "complete")
 
-    def create(self, resume: bool) -> bool:
-        """Prepare the directory. Returns True when an existing run is being resumed."""
+    def check_new(self, resume: bool) -> bool:
+        """True when an existing run is to be resumed; refuses to overwrite one. Creates nothing."""
         if self.path.exists() and any(self.path.iterdir()):
             state = self.state() or {"status": "unknown"}
             if not resume:
@@ -119,12 +141,36 @@ class RunDir:
                     "choose a new run_id, or pass resume=True to continue it."
                 )
             return True
-        self.path.mkdir(parents=True, exist_ok=True)
         return False
 
     def write_state(self, status: str, collections_done: int, **extra: Any) -> None:
-        assert status in STATUSES
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
         atomic_write_json(self.state_path, {"status": status, "collections_done": collections_done, **extra})
+
+    # -- resumable state: resume-<N>/ folders, each complete once its state.json exists
+    def resume_dir(self, collections_done: int) -> Path:
+        return self.path / f"resume-{collections_done:06d}"
+
+    def resume_states(self) -> list[Path]:
+        """Intact saved states, oldest first."""
+        found = [p for p in self.path.glob("resume-*") if _RESUME.match(p.name) and (p / "state.json").is_file()]
+        return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+    def latest_resume_state(self) -> Path | None:
+        states = self.resume_states()
+        return states[-1] if states else None
+
+    def remove_partial_resume_states(self) -> None:
+        """Folders a crash left half-written (their state.json was never written)."""
+        for p in self.path.glob(".resume-*.tmp"):
+            shutil.rmtree(p, ignore_errors=True)
+
+    def prune_resume_states(self, keep: Path | None) -> None:
+        for p in self.path.glob("resume-*"):
+            if p != keep:
+                shutil.rmtree(p, ignore_errors=True)
+        self.remove_partial_resume_states()
 
     # -- records
     def append_collection(self, row: dict) -> None:
@@ -154,6 +200,35 @@ class RunDir:
         rows = self.collections()[:keep]
         atomic_write_bytes(self.collections_path,
                            "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode())
+
+    def append_samples(self, rows: list[dict]) -> None:
+        """Append sampled responses as one gzip member (a torn last member loses only itself)."""
+        if not rows:
+            return
+        data = "".join(json.dumps({k: r[k] for k in SAMPLE_FIELDS}) + "\n" for r in rows).encode()
+        with open(self.samples_path, "ab") as f:
+            f.write(gzip.compress(data, mtime=0))
+            f.flush()
+            os.fsync(f.fileno())
+
+    def samples(self) -> list[dict]:
+        if not self.samples_path.exists():
+            return []
+        rows = []
+        try:
+            with gzip.open(self.samples_path, "rt") as f:
+                for line in f:
+                    rows.append(json.loads(line))
+        except (EOFError, gzip.BadGzipFile, json.JSONDecodeError):
+            pass  # a torn last member from a kill; every earlier member is whole
+        return rows
+
+    def truncate_samples(self, keep_collections: int) -> None:
+        if not self.samples_path.exists():
+            return
+        rows = [r for r in self.samples() if r["collection"] < keep_collections]
+        data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+        atomic_write_bytes(self.samples_path, gzip.compress(data, mtime=0) if rows else b"")
 
     def evals(self) -> pd.DataFrame:
         if not self.evals_path.exists():

@@ -1,22 +1,20 @@
-"""One GRPO run: collect -> grade -> advantages -> S updates -> weight sync -> evaluate -> record.
+"""One GRPO run: collect -> grade -> advantages -> old log-probs -> S updates -> sync -> evaluate -> record.
 
 The phases are timed as the study times them. Active phase time is generation + trainer
 (old-policy scoring included) + weight sync; job time also covers initialisation,
 evaluation and checkpoint saving.
 
-Slicing rule: a collection is laid out group-major (P groups of G responses). Groups are
-shuffled with the run's seed, then the sequence of P x G responses is cut into S
-contiguous slices of B. When G divides B every slice holds whole groups, which is the case
-for every arm of the study; otherwise a group may straddle two slices (its advantages were
-already computed on the whole group).
+Which responses each update uses is :func:`grpo_knobs.knobs.update_slices`; the loss pieces are
+in :mod:`grpo_knobs.grpo`; the files a run writes are :class:`grpo_knobs.records.RunDir`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
+import copy
 import os
-import random
+import shutil
+import signal
 import sys
 import time
 import traceback
@@ -29,28 +27,28 @@ import torch
 from tqdm.auto import tqdm
 
 from . import data as data_mod
-from .config import RunConfig
+from .config import RunConfig, config_drift
 from .evaluation import encode_prompts, evaluate
-from .grpo import (Sequence, clipped_surrogate_loss, collate, group_advantages, mixed_group_fraction,
-                   pack_micro_batches, token_logprobs)
+from .grpo import (
+    Sequence,
+    clipped_surrogate_loss,
+    collate,
+    group_advantages,
+    mixed_group_fraction,
+    pack_micro_batches,
+    token_logprobs,
+)
+from .knobs import update_slices
+from .locks import exclusive, run_lock_path
 from .prompts import prompt_version
 from .provenance import git_commit, package_versions, source_sha256
-from .records import RunDir, atomic_write_json
+from .records import RunDir, atomic_write_json, fsync_tree, read_json
+from .rollout.base import Generation
+from .runtime import DIE_WITH_PARENT_ENV, die_with_parent, resolve_device, seed_everything, sync_cuda
 from .verifiers import grade
 
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} was requested but CUDA is not available here; use device=cpu or auto.")
-    return torch.device(device)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+# Sampled responses kept per reward value and collection, so a run's drift can be read afterwards.
+SAMPLES_PER_OUTCOME = 2
 
 
 class PromptSampler:
@@ -72,7 +70,7 @@ class PromptSampler:
                 self.epoch, self.cursor = self.epoch + 1, 0
                 self._perm = self._permutation(self.epoch)
             take = min(k - len(out), self.pool_size - self.cursor)
-            out.extend(int(i) for i in self._perm[self.cursor:self.cursor + take])
+            out.extend(int(i) for i in self._perm[self.cursor : self.cursor + take])
             self.cursor += take
         self.seen.update(out)
         return out
@@ -89,19 +87,20 @@ class PromptSampler:
 class PhaseClock:
     """Accumulates seconds per phase; CUDA work is synchronised before each reading."""
 
-    seconds: dict[str, float] = field(default_factory=lambda: {k: 0.0 for k in (
-        "generation", "trainer", "sync", "evaluation", "checkpoint", "init")})
+    seconds: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(("generation", "trainer", "sync", "evaluation", "checkpoint", "init"), 0.0)
+    )
     job_start: float = field(default_factory=time.perf_counter)
     offset: float = 0.0  # job seconds carried over from before a resume
 
     @contextlib.contextmanager
     def phase(self, name: str):
-        _sync_cuda()
+        sync_cuda()
         t = time.perf_counter()
         try:
             yield
         finally:
-            _sync_cuda()
+            sync_cuda()
             self.seconds[name] += time.perf_counter() - t
 
     @property
@@ -112,6 +111,14 @@ class PhaseClock:
     def job(self) -> float:
         return self.offset + time.perf_counter() - self.job_start
 
+    def restore(self, seconds: dict[str, float], job_seconds: float) -> None:
+        """Continue a resumed run's clock. This process's own start-up (model load, state load)
+        stays in ``init``, added to the init of the process that saved the state."""
+        init_now = self.seconds["init"]
+        self.seconds.update(seconds)
+        self.seconds["init"] += init_now
+        self.offset = job_seconds
+
     def summary(self) -> dict[str, float]:
         job = self.job
         out = dict(self.seconds)
@@ -121,18 +128,24 @@ class PhaseClock:
         return out
 
 
+@dataclass
+class Collection:
+    """One collection: P prompts x G responses, group-major (prompt k's G responses are k*G..k*G+G-1)."""
+
+    index: int  # which collection of the run (0-based)
+    prompts: list[int]  # [P] indices into the train pool
+    generation: Generation  # the engine's responses, token ids and log-probs
+    rewards: torch.Tensor  # [P*G] float32, one per response
+    seqs: list[Sequence]  # [P*G] prompt + response token ids, as the trainer scores them
+
+
 def _stack_padded(rows: list[torch.Tensor], width: int, device: torch.device) -> torch.Tensor:
     """Per-response vectors [len_i] -> [m, width], zero-padded on the right."""
     return torch.stack([torch.nn.functional.pad(t, (0, width - t.numel())) for t in rows]).to(device)
 
 
-def _sync_cuda() -> None:
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-
-
 class Trainer:
-    """Holds a run's model, optimizer, engine and records; ``run()`` executes the loop."""
+    """Holds a run's model, optimizer, engine and records; ``run_loop()`` executes the run."""
 
     def __init__(self, cfg: RunConfig, progress: bool = True):
         self.cfg = cfg
@@ -141,6 +154,60 @@ class Trainer:
         self.run = RunDir(cfg.run_dir)
         self.plan = cfg.plan
         self.device = resolve_device(cfg.device)
+
+    # ----------------------------------------------------------------- the loop
+    def run_loop(self) -> Path:
+        """Run (or resume, or finish) the run under its one-writer lock; returns the run directory."""
+        cfg = self.cfg
+        with exclusive(run_lock_path(cfg.output_dir, cfg.resolved_run_id), f"run {self.run.path}"):
+            resuming = self.run.check_new(cfg.resume)  # refuses to overwrite, before any slow set-up
+            if resuming and self.run.is_complete():
+                return self.run.path
+            if resuming:
+                self._check_recorded_config()
+            self.setup()  # model, data, engine: a failure here leaves no run directory behind
+            self.run.path.mkdir(parents=True, exist_ok=True)
+            try:
+                self._train_and_finish(resuming)
+            except BaseException as exc:
+                self._record_failure(exc)
+                raise
+        return self.run.path
+
+    def _train_and_finish(self, resuming: bool) -> None:
+        cfg = self.cfg
+        n_coll = cfg.collections
+        if resuming and self.run.final_path.exists():
+            # final/ is written only after every collection is recorded: only finishing is left.
+            self._restore_clock_from_state()
+            return self._finish(n_coll)
+        start, counters = self._start_or_resume(resuming)
+        bar = tqdm(total=n_coll, initial=start, desc=cfg.resolved_run_id, disable=not self.progress, unit="coll")
+        try:
+            if start == 0:  # the initial model's accuracy is the curve's first point
+                bar.set_postfix(val=f"{self.evaluate(0, counters):.3f}")
+            for c in range(start, n_coll):
+                before = {k: self.clock.seconds[k] for k in ("generation", "trainer", "sync")}
+                # 1. Generate P x G responses with the current weights and grade them.
+                batch = self.collect(c)
+                # 2-4. Advantages, old-policy log-probs, then S updates on disjoint slices of B.
+                updates, diagnostics = self.train_on_collection(batch)
+                # 5. Only now does the generator see the new weights: every slice was on-policy data.
+                self.sync_weights()
+                self._record_collection(batch, updates, diagnostics, counters, before)
+                postfix = {"reward": f"{float(batch.rewards.mean()):.3f}"}
+                # 6. Evaluate between collections, on the schedule fixed by the plan.
+                if counters["responses"] in cfg.eval_points:
+                    postfix["val"] = f"{self.evaluate(c + 1, counters):.3f}"
+                # 7. Save what a resume needs, then mark progress (in that order: a state never runs ahead).
+                if self._resume_point(c + 1, counters["responses"]):
+                    self.save_resume_state(c + 1, counters)
+                self.run.write_state("running", c + 1, **self._clock_state())
+                bar.set_postfix(postfix)
+                bar.update(1)
+        finally:
+            bar.close()
+        self._finish(n_coll)
 
     # ----------------------------------------------------------------- set-up
     def setup(self) -> None:
@@ -158,16 +225,18 @@ class Trainer:
             self.model.eval()
             self.model.config.use_cache = False
             self.pad_id = self.tokenizer.pad_token_id
-            self.ref_model = None
-            if cfg.kl_coef > 0:
-                import copy
-                self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                               weight_decay=cfg.weight_decay, eps=1e-8)
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
+            self.optimizer = torch.optim.AdamW(
+                self.model.parameters(),
+                lr=cfg.lr,
+                betas=(cfg.adam_beta1, cfg.adam_beta2),
+                weight_decay=cfg.weight_decay,
+                eps=1e-8,
+            )
             engine_kw: dict[str, Any] = {"device": self.device}
             if cfg.engine == "hf":
-                engine_kw.update(max_batch_size=cfg.generation_batch_size,
-                                 fast={"auto": "auto", "on": True, "off": False, "fused": "fused"}[cfg.fast_rollout])
+                fast = {"auto": "auto", "on": True, "off": False, "fused": "fused"}[cfg.fast_rollout]
+                engine_kw.update(max_batch_size=cfg.generation_batch_size, fast=fast)
             else:
                 engine_kw.update(url=cfg.engine_url)
             self.engine = make_engine(cfg.engine, self.model, self.tokenizer, **engine_kw)
@@ -185,35 +254,24 @@ class Trainer:
             self._prompt_cache[i] = ids
         return [self._prompt_cache[i] for i in indices]
 
-    # ----------------------------------------------------------------- records
-    def _config_record(self) -> dict:
-        cfg = self.cfg
-        return {
-            "run_id": cfg.resolved_run_id, "study": cfg.study, "config": cfg.to_dict(),
-            "plan": self.plan.summary(cfg.response_budget, cfg.eval_every_responses),
-            "data": {"task": cfg.task, "splits": data_mod.split_hashes(cfg.task), "prompt_version": prompt_version(cfg.task),
-                     "train_pool": len(self.train_pool), "validation_evaluated": len(self.val_problems)},
-            "model": {"name": self.model_info.name, "source": self.model_info.source, "sha256": self.model_info.sha256,
-                      "path": str(self.model_info.path)},
-            "device": str(self.device), "gpu": torch.cuda.get_device_name(0) if self.device.type == "cuda" else None,
-            "rollout_path": getattr(self.engine, "path", cfg.engine),
-            "packages": package_versions(), "git_commit": git_commit(), "source_sha256": source_sha256(),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv,
-        }
-
     # ----------------------------------------------------------------- phases
-    def collect(self, collection: int) -> dict:
+    def collect(self, collection: int) -> Collection:
+        """Draw P prompts, sample G responses each at the run's temperature, grade every response."""
         cfg = self.cfg
-        p, g = self.plan.rollout_batch_size, self.plan.n_samples_per_prompt
-        indices = self.sampler.draw(p)
+        indices = self.sampler.draw(self.plan.rollout_batch_size)
         prompt_ids = self._prompt_ids(indices)
         with self.clock.phase("generation"):
-            gen = self.engine.generate(prompt_ids, n=g, max_new_tokens=cfg.max_new_tokens,
-                                       temperature=cfg.temperature, seed=cfg.seed * 1_000_003 + collection)
-        rewards = torch.tensor([grade(self.train_pool[indices[gen.prompt_index[k]]], text)
-                                for k, text in enumerate(gen.texts)], dtype=torch.float32)  # [P*G]
-        seqs = [Sequence(prompt_ids[gen.prompt_index[k]], list(gen.token_ids[k])) for k in range(len(gen.texts))]
-        return {"indices": indices, "gen": gen, "rewards": rewards, "seqs": seqs}
+            gen = self.engine.generate(
+                prompt_ids,
+                n=self.plan.n_samples_per_prompt,
+                max_new_tokens=cfg.max_new_tokens,
+                temperature=cfg.temperature,
+                seed=cfg.seed * 1_000_003 + collection,
+            )
+        problems = [self.train_pool[indices[k]] for k in gen.prompt_index]
+        rewards = torch.tensor([grade(p, t) for p, t in zip(problems, gen.texts)], dtype=torch.float32)  # [P*G]
+        seqs = [Sequence(prompt_ids[k], list(ids)) for k, ids in zip(gen.prompt_index, gen.token_ids)]
+        return Collection(collection, indices, gen, rewards, seqs)
 
     def _micro_batches(self, idx: list[int], seqs: list[Sequence]) -> list[list[int]]:
         cfg = self.cfg
@@ -232,37 +290,46 @@ class Trainer:
                 out[i] = logp[row, : len(seqs[i].response_ids)].float().cpu()
         return out  # type: ignore[return-value]
 
-    def train_on_collection(self, collection: int, batch: dict) -> tuple[list[dict], float | None]:
-        cfg, plan = self.cfg, self.plan
-        seqs, rewards = batch["seqs"], batch["rewards"]
-        g, b, s = plan.n_samples_per_prompt, plan.global_batch_size, plan.num_steps_per_rollout
-        adv = group_advantages(rewards, g, cfg.std_normalize_advantages)  # [P*G]
-        with self.clock.phase("trainer"):
-            # With S=1 nothing changes the weights between scoring and the update, so the update's
-            # forward pass can stand in for the scoring pass (it fills old_logp as it goes).
-            on_policy = cfg.reuse_on_policy_logprobs and s == 1
-            old_logp = [None] * len(seqs) if on_policy else self._score(self.model, seqs)
-            ref_logp = self._score(self.ref_model, seqs) if self.ref_model is not None else None
-            order = np.random.default_rng([cfg.seed, 11, collection]).permutation(len(seqs) // g)
-            flat = [int(grp) * g + k for grp in order for k in range(g)]  # groups shuffled, members kept together
-            updates = []
-            for step in range(s):
-                idx = flat[step * b:(step + 1) * b]
-                updates.append(self._update(idx, seqs, adv, old_logp, ref_logp))
-            mismatch = None
-            if batch["gen"].logprobs is not None:
-                diffs = [torch.tensor(e[: len(o)]) - o for e, o in zip(batch["gen"].logprobs, old_logp)]
-                mismatch = float(torch.cat(diffs).abs().mean()) if diffs else None
-        return updates, mismatch
+    def train_on_collection(self, batch: Collection) -> tuple[list[dict], dict]:
+        """Advantages, old-policy log-probs and the S updates of one collection.
 
-    def _update(self, idx: list[int], seqs: list[Sequence], adv: torch.Tensor,
-                old_logp: list[torch.Tensor | None], ref_logp: list[torch.Tensor] | None) -> dict:
-        """One optimizer step on responses ``idx``; entries of ``old_logp`` that are None are
-        taken from this step's own forward pass (detached) and stored back."""
+        Returns the per-update records and the collection's diagnostics (log-prob mismatch
+        between engine and trainer, entropy estimate, share of zero-advantage groups).
+        """
+        cfg, plan = self.cfg, self.plan
+        g = plan.n_samples_per_prompt
+        # Group-relative advantages: the only learning signal; a group with equal rewards gives none.
+        adv = group_advantages(batch.rewards, g, cfg.std_normalize_advantages)  # [P*G]
+        with self.clock.phase("trainer"):
+            # The PPO ratio needs the policy that generated the data: score it once, before any update.
+            # With S=1 nothing changes the weights in between, so the update's own forward pass can
+            # fill these in instead (reuse_on_policy_logprobs).
+            on_policy = cfg.reuse_on_policy_logprobs and plan.num_steps_per_rollout == 1
+            old_logp = [None] * len(batch.seqs) if on_policy else self._score(self.model, batch.seqs)
+            ref_logp = self._score(self.ref_model, batch.seqs) if self.ref_model is not None else None
+            # S optimizer steps on disjoint slices of B: every response is used exactly once.
+            slices = update_slices(plan, cfg.seed, batch.index)
+            updates = [self._update(s.tolist(), batch.seqs, adv, old_logp, ref_logp) for s in slices]
+        return updates, _collection_diagnostics(batch, adv, old_logp, g)
+
+    def _update(
+        self,
+        idx: list[int],
+        seqs: list[Sequence],
+        adv: torch.Tensor,
+        old_logp: list[torch.Tensor | None],
+        ref_logp: list[torch.Tensor] | None,
+    ) -> dict:
+        """One optimizer step on the responses ``idx`` (one slice of B).
+
+        Entries of ``old_logp`` that are None are taken from this step's own forward pass
+        (detached) and stored back. Micro-batches only bound memory: each adds its share of the
+        loss over the whole slice, so the gradient is the same for any packing.
+        """
         cfg = self.cfg
         self.optimizer.zero_grad(set_to_none=True)
-        update_tokens = float(sum(len(seqs[i].response_ids) for i in idx))
-        totals = {"tokens": 0.0, "clipped_low": 0.0, "clipped_high": 0.0, "ratio_sum": 0.0, "approx_kl_sum": 0.0}
+        global_batch_tokens = float(sum(len(seqs[i].response_ids) for i in idx))
+        totals = dict.fromkeys(("tokens", "clipped_low", "clipped_high", "ratio_sum", "approx_kl_sum"), 0.0)
         loss_total, ratio_max = 0.0, 0.0
         micro = self._micro_batches(idx, seqs)
         for mb_idx in micro:
@@ -273,11 +340,20 @@ class Trainer:
             for row, i in enumerate(mb_idx):
                 if old_logp[i] is None:
                     old_logp[i] = logp[row, : len(seqs[i].response_ids)].detach().float().cpu()
+            ref = _stack_padded([ref_logp[i] for i in mb_idx], r, self.device) if ref_logp is not None else None
             terms = clipped_surrogate_loss(
-                logp, _stack_padded([old_logp[i] for i in mb_idx], r, self.device), adv[mb_idx].to(self.device), mb.response_mask,
-                clip_low=cfg.clip_low, clip_high=cfg.clip_high, aggregation=cfg.loss_aggregation,
-                update_responses=len(idx), update_tokens=update_tokens,
-                ref_logp=_stack_padded([ref_logp[i] for i in mb_idx], r, self.device) if ref_logp is not None else None, kl_coef=cfg.kl_coef)
+                logp,
+                _stack_padded([old_logp[i] for i in mb_idx], r, self.device),  # [m, R]
+                adv[mb_idx].to(self.device),  # [m]
+                mb.response_mask,  # [m, R]
+                clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high,
+                aggregation=cfg.loss_aggregation,
+                global_batch_size=len(idx),
+                global_batch_tokens=global_batch_tokens,
+                ref_logp=ref,
+                kl_coef=cfg.kl_coef,
+            )
             terms.loss.backward()
             loss_total += float(terms.loss.detach())
             ratio_max = max(ratio_max, terms.ratio_max)
@@ -285,54 +361,177 @@ class Trainer:
                 totals[k] += getattr(terms, k)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
         self.optimizer.step()
-        n = max(totals["tokens"], 1.0)
-        return {
-            "loss": loss_total, "clip_fraction": (totals["clipped_low"] + totals["clipped_high"]) / n,
-            "clip_low_fraction": totals["clipped_low"] / n, "clip_high_fraction": totals["clipped_high"] / n,
-            "approx_kl": totals["approx_kl_sum"] / n, "ratio_mean": totals["ratio_sum"] / n, "ratio_max": ratio_max,
-            "grad_norm": grad_norm, "tokens": int(totals["tokens"]), "micro_batches": len(micro),
-        }
+        return _update_record(loss_total, ratio_max, grad_norm, totals, len(micro))
 
     def sync_weights(self) -> None:
         with self.clock.phase("sync"):
             self.engine.update_weights(self.model.state_dict())
 
-    def evaluate(self, collections: int, responses: int, updates: int, output_tokens: int) -> float:
+    def evaluate(self, collections: int, counters: dict) -> float:
+        """Greedy validation accuracy now; one row per problem goes to evals.parquet."""
         cfg = self.cfg
         with self.clock.phase("evaluation"):
-            rows = evaluate(self.engine, self.tokenizer, self.val_problems, cfg.eval_max_new_tokens or cfg.max_new_tokens,
-                            batch_size=cfg.generation_batch_size)
-        meta = {"run_id": cfg.resolved_run_id, "split": "validation", "collections": collections, "updates": updates,
-                "responses": responses, "output_tokens": output_tokens, "active_seconds": self.clock.active,
-                "job_seconds": self.clock.job}
-        self.run.add_evals([meta | {k: v for k, v in r.items() if k != "response"} for r in rows])
+            rows = evaluate(
+                self.engine,
+                self.tokenizer,
+                self.val_problems,
+                cfg.eval_max_new_tokens or cfg.max_new_tokens,
+                batch_size=cfg.generation_batch_size,
+            )
+        meta = {
+            "run_id": cfg.resolved_run_id,
+            "split": "validation",
+            "collections": collections,
+            "updates": counters["updates"],
+            "responses": counters["responses"],
+            "output_tokens": counters["output_tokens"],
+            "active_seconds": self.clock.active,
+            "job_seconds": self.clock.job,
+        }
+        self.run.add_evals([meta | r for r in rows])
         return float(np.mean([r["correct"] for r in rows])) if rows else float("nan")
 
+    # ----------------------------------------------------------------- records
+    def _record_collection(self, batch: Collection, updates: list[dict], diagnostics: dict, counters: dict,
+                           before: dict[str, float]) -> None:
+        """Append the collection's row to collections.jsonl and a few of its responses to samples."""
+        counters["responses"] += len(batch.seqs)
+        counters["updates"] += len(updates)
+        counters["output_tokens"] += sum(batch.generation.response_lengths)
+        row = collection_record(batch, updates, diagnostics, counters, self.plan.n_samples_per_prompt)
+        row |= {
+            "distinct_prompts": len(self.sampler.seen),
+            "seconds": {k: self.clock.seconds[k] - v for k, v in before.items()},  # this collection's phases
+            "active_seconds": self.clock.active,
+            "job_seconds": self.clock.job,
+            "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if self.device.type == "cuda" else None,
+        }
+        self.run.append_collection(row)
+        self.run.append_samples(sample_rows(batch, self.train_pool, counters["responses"]))
+
+    def _config_record(self) -> dict:
+        cfg = self.cfg
+        return {
+            "run_id": cfg.resolved_run_id,
+            "study": cfg.study,
+            "config": cfg.to_dict(),
+            "plan": self.plan.summary(cfg.response_budget, cfg.eval_every_responses),
+            "data": {
+                "task": cfg.task,
+                "splits": data_mod.split_hashes(cfg.task),
+                "prompt_version": prompt_version(cfg.task),
+                "train_pool": len(self.train_pool),
+                "validation_evaluated": len(self.val_problems),
+            },
+            "model": {
+                "name": self.model_info.name,
+                "source": self.model_info.source,
+                "sha256": self.model_info.sha256,
+                "path": str(self.model_info.path),
+            },
+            "device": str(self.device),
+            "gpu": torch.cuda.get_device_name(0) if self.device.type == "cuda" else None,
+            "rollout_path": getattr(self.engine, "path", cfg.engine),
+            "packages": package_versions(),
+            "git_commit": git_commit(),
+            "source_sha256": source_sha256(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "argv": sys.argv,
+        }
+
+    def _check_recorded_config(self) -> None:
+        """A resumed run continues the recorded config: one run never mixes two."""
+        if not self.run.config_path.exists():
+            return
+        drift = config_drift(read_json(self.run.config_path).get("config", {}), self.cfg)
+        if drift:
+            raise ValueError(
+                f"resume of {self.run.path} refused: the parameters differ from the recorded ones ({'; '.join(drift)}). "
+                "Resume with the recorded values, or start a new run_id."
+            )
+
+    def _clock_state(self) -> dict:
+        return {"seconds": dict(self.clock.seconds), "job_seconds": self.clock.job}
+
+    def _restore_clock_from_state(self) -> None:
+        state = self.run.state() or {}
+        if "seconds" in state:
+            self.clock.restore(state["seconds"], state["job_seconds"])
+
+    def _record_failure(self, exc: BaseException) -> None:
+        """Best effort: the original error must surface even when the disk is full."""
+        with contextlib.suppress(OSError):
+            self._write_timings()
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            self.run.write_state(
+                "failed",
+                len(self.run.collections()),
+                error="interrupted" if interrupted else f"{type(exc).__name__}: {exc}",
+                traceback="" if interrupted else traceback.format_exc(limit=20),
+            )
+
     # ----------------------------------------------------------------- resume
+    def _start_or_resume(self, resuming: bool) -> tuple[int, dict]:
+        """Where the loop starts: collection 0, or the newest intact saved state."""
+        start, counters = 0, {"responses": 0, "updates": 0, "output_tokens": 0}
+        if resuming:
+            with self.clock.phase("init"):  # a resumed process's load is part of its start-up
+                start, saved = self.load_resume_state()
+            counters = saved or counters
+        # Records past the last resumable state belong to work that will be redone.
+        self.run.truncate_collections(start)
+        self.run.truncate_evals(counters["responses"] if start else -1)
+        self.run.truncate_samples(start)
+        atomic_write_json(self.run.config_path, self._config_record())
+        self.run.write_state("running", start)
+        return start, counters
+
+    def _resume_point(self, done: int, responses: int) -> bool:
+        """Save resumable state every ``resume_every_collections``, or at each evaluation (not after the last)."""
+        every = self.cfg.resume_every_collections
+        if done >= self.cfg.collections:
+            return False
+        return done % every == 0 if every else responses in self.cfg.eval_points
+
     def save_resume_state(self, collections_done: int, counters: dict) -> None:
+        """Write ``resume-<N>/`` in a temporary folder, then rename it into place.
+
+        Names never collide, so any crash leaves the previous state or the new one intact; older
+        states are removed only after the new one is in place.
+        """
         from safetensors.torch import save_model
+
         with self.clock.phase("checkpoint"):
-            tmp = self.run.path / ".resume.tmp"
-            tmp.mkdir(exist_ok=True)
+            final = self.run.resume_dir(collections_done)
+            tmp = final.with_name(f".{final.name}.tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
             save_model(self.model, str(tmp / "model.safetensors"))  # handles tied embeddings
-            torch.save({"optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
-                        "numpy_rng": np.random.get_state()}, tmp / "optimizer.pt")
-            atomic_write_json(tmp / "state.json", {"collections_done": collections_done, "counters": counters,
-                                                   "sampler": self.sampler.state(), "seconds": self.clock.seconds,
-                                                   "job_seconds": self.clock.job})
-            old = self.run.path / ".resume.old"
-            if self.run.resume_path.exists():
-                os.replace(self.run.resume_path, old)
-            os.replace(tmp, self.run.resume_path)
-            if old.exists():
-                import shutil
-                shutil.rmtree(old)
+            torch.save(
+                {"optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
+                 "numpy_rng": np.random.get_state()},
+                tmp / "optimizer.pt",
+            )
+            fsync_tree(tmp)
+            # state.json last: its presence marks the folder complete.
+            atomic_write_json(tmp / "state.json", {
+                "collections_done": collections_done,
+                "counters": counters,
+                "sampler": self.sampler.state(),
+                "seconds": self.clock.seconds,
+                "job_seconds": self.clock.job,
+            })
+            shutil.rmtree(final, ignore_errors=True)  # a same-N state from an earlier attempt
+            os.replace(tmp, final)
+            self.run.prune_resume_states(keep=final)
 
     def load_resume_state(self) -> tuple[int, dict]:
+        """Load the newest intact state; (0, {}) when there is none."""
         from safetensors.torch import load_model
-        from .records import read_json
-        path = self.run.resume_path
-        if not (path / "state.json").exists():
+
+        self.run.remove_partial_resume_states()
+        path = self.run.latest_resume_state()
+        if path is None:
             return 0, {}
         state = read_json(path / "state.json")
         load_model(self.model, str(path / "model.safetensors"), device=str(self.device))
@@ -343,102 +542,106 @@ class Trainer:
         torch.set_rng_state(extra["torch_rng"])
         np.random.set_state(extra["numpy_rng"])
         self.sampler.load_state(state["sampler"])
-        self.clock.seconds.update(state["seconds"])
-        self.clock.offset = state["job_seconds"]
+        self.clock.restore(state["seconds"], state["job_seconds"])
         self.engine.update_weights(self.model.state_dict())
         return state["collections_done"], state["counters"]
 
-    # ----------------------------------------------------------------- loop
-    def run_loop(self) -> Path:
-        cfg, plan = self.cfg, self.plan
-        resuming = self.run.create(cfg.resume)
-        if resuming and self.run.is_complete():
-            return self.run.path
-        bar = None
-        try:
-            self.setup()
-            start, counters = (self.load_resume_state() if resuming else (0, {}))
-            counters = counters or {"responses": 0, "updates": 0, "output_tokens": 0}
-            # Records past the last resumable state belong to work that will be redone.
-            self.run.truncate_collections(start)
-            self.run.truncate_evals(counters["responses"] if start else -1)
-            atomic_write_json(self.run.config_path, self._config_record())
-            self.run.write_state("running", start)
-            n_coll = cfg.collections
-            eval_points = set(cfg.eval_points)
-            save_every = cfg.resume_every_collections
-            bar = tqdm(total=n_coll, initial=start, desc=cfg.resolved_run_id, disable=not self.progress, unit="coll")
-            if start == 0:
-                acc = self.evaluate(0, 0, 0, 0)
-                bar.set_postfix(val=f"{acc:.3f}")
-            for c in range(start, n_coll):
-                before = {k: self.clock.seconds[k] for k in ("generation", "trainer", "sync")}
-                batch = self.collect(c)
-                updates, mismatch = self.train_on_collection(c, batch)
-                self.sync_weights()
-                gen = batch["gen"]
-                lengths = [len(t) for t in gen.token_ids]
-                counters["responses"] += len(lengths)
-                counters["updates"] += len(updates)
-                counters["output_tokens"] += sum(lengths)
-                rewards = batch["rewards"]
-                peak = torch.cuda.max_memory_allocated() / 2**30 if self.device.type == "cuda" else None
-                self.run.append_collection({
-                    "collection": c, "responses": counters["responses"], "updates": counters["updates"],
-                    "prompts": len(batch["indices"]), "distinct_prompts": len(self.sampler.seen),
-                    "reward_mean": float(rewards.mean()),
-                    "mixed_group_fraction": mixed_group_fraction(rewards, plan.n_samples_per_prompt),
-                    "truncation_fraction": float(np.mean([f == "length" for f in gen.finish_reasons])),
-                    "response_length_mean": float(np.mean(lengths)), "response_length_max": int(max(lengths)),
-                    "output_tokens": int(sum(lengths)), "output_tokens_cum": counters["output_tokens"],
-                    "logprob_mismatch": mismatch, "per_update": [{"update": counters["updates"] - len(updates) + k + 1} | u
-                                                                for k, u in enumerate(updates)],
-                    "seconds": {k: self.clock.seconds[k] - v for k, v in before.items()},  # this collection's phases
-                    "active_seconds": self.clock.active, "job_seconds": self.clock.job, "peak_memory_gib": peak,
-                })
-                postfix = {"reward": f"{float(rewards.mean()):.3f}"}
-                if counters["responses"] in eval_points:
-                    postfix["val"] = f"{self.evaluate(c + 1, counters['responses'], counters['updates'], counters['output_tokens']):.3f}"
-                done = c + 1
-                at_eval = counters["responses"] in eval_points
-                if done < n_coll and ((save_every and done % save_every == 0) or (not save_every and at_eval)):
-                    self.save_resume_state(done, counters)
-                self.run.write_state("running", done)
-                bar.set_postfix(postfix)
-                bar.update(1)
-            bar.close()
-            if cfg.save_checkpoint:
-                self.save_final()
-            self._write_timings()
-            self.run.write_state("complete", n_coll)
-            if self.run.resume_path.exists():
-                import shutil
-                shutil.rmtree(self.run.resume_path)
-        except BaseException as exc:
-            if bar is not None:
-                bar.close()
-            self._write_timings()
-            done = len(self.run.collections())
-            self.run.write_state("failed", done, error=f"{type(exc).__name__}: {exc}",
-                                 traceback=traceback.format_exc(limit=20))
-            raise
-        return self.run.path
-
-    def save_final(self) -> None:
-        with self.clock.phase("checkpoint"):
-            save_checkpoint(self.model, self.tokenizer, self.run.final_path)
+    # ----------------------------------------------------------------- finish
+    def _finish(self, n_coll: int) -> None:
+        """Each step can be repeated, so a run killed while finishing finishes on resume."""
+        if self.cfg.save_checkpoint and not self.run.final_path.exists():
+            with self.clock.phase("checkpoint"):
+                save_checkpoint(self.model, self.tokenizer, self.run.final_path)
+        self._write_timings()
+        self.run.write_state("complete", n_coll)
+        self.run.prune_resume_states(keep=None)
 
     def _write_timings(self) -> None:
         atomic_write_json(self.run.timings_path, self.clock.summary())
 
 
+def _collection_diagnostics(batch: Collection, adv: torch.Tensor, old_logp: list[torch.Tensor], g: int) -> dict:
+    """Engine/trainer log-prob mismatch, the entropy estimate and the zero-advantage share."""
+    gen = batch.generation
+    mismatch = None
+    if gen.logprobs is not None:
+        diffs = [torch.tensor(e[: len(o)]) - o for e, o in zip(gen.logprobs, old_logp)]
+        mismatch = float(torch.cat(diffs).abs().mean()) if diffs else None
+    sampled = torch.cat(old_logp) if old_logp else torch.zeros(0)  # [tokens]
+    return {
+        "logprob_mismatch": mismatch,
+        # -log p of tokens sampled from the policy at this temperature: an unbiased estimate of the
+        # mean token entropy, with no pass over the vocabulary.
+        "entropy_mean": float(-sampled.mean()) if sampled.numel() else None,
+        "zero_advantage_fraction": float((adv.view(-1, g) == 0).all(dim=1).float().mean()),
+    }
+
+
+def _update_record(loss: float, ratio_max: float, grad_norm: float, totals: dict, micro_batches: int) -> dict:
+    n = max(totals["tokens"], 1.0)
+    return {
+        "loss": loss,
+        "clip_fraction": (totals["clipped_low"] + totals["clipped_high"]) / n,
+        "clip_low_fraction": totals["clipped_low"] / n,
+        "clip_high_fraction": totals["clipped_high"] / n,
+        "approx_kl": totals["approx_kl_sum"] / n,
+        "ratio_mean": totals["ratio_sum"] / n,
+        "ratio_max": ratio_max,
+        "grad_norm": grad_norm,
+        "tokens": int(totals["tokens"]),
+        "micro_batches": micro_batches,
+    }
+
+
+def collection_record(batch: Collection, updates: list[dict], diagnostics: dict, counters: dict, g: int) -> dict:
+    """The learning-side fields of a collections.jsonl row (the trainer adds phase times and memory)."""
+    gen, rewards = batch.generation, batch.rewards
+    lengths = gen.response_lengths
+    first_update = counters["updates"] - len(updates) + 1
+    return {
+        "collection": batch.index,
+        "responses": counters["responses"],
+        "updates": counters["updates"],
+        "prompts": len(batch.prompts),
+        "reward_mean": float(rewards.mean()),
+        "mixed_group_fraction": mixed_group_fraction(rewards, g),
+        "group_reward_means": [round(float(m), 6) for m in rewards.view(-1, g).mean(dim=1)],  # [P]
+        "truncation_fraction": float(np.mean([f == "length" for f in gen.finish_reasons])),
+        "response_length_mean": float(np.mean(lengths)),
+        "response_length_max": int(max(lengths)),
+        "output_tokens": int(sum(lengths)),
+        "output_tokens_cum": counters["output_tokens"],
+        "per_update": [{"update": first_update + k} | u for k, u in enumerate(updates)],
+        **diagnostics,
+    }
+
+
+def sample_rows(batch: Collection, pool: list, responses: int, per_outcome: int = SAMPLES_PER_OUTCOME) -> list[dict]:
+    """The first ``per_outcome`` responses of each reward value in the collection, as text."""
+    gen, kept, rows = batch.generation, {}, []
+    for k, reward in enumerate(batch.rewards.tolist()):
+        if kept.get(reward, 0) >= per_outcome:
+            continue
+        kept[reward] = kept.get(reward, 0) + 1
+        rows.append({
+            "collection": batch.index,
+            "responses": responses,
+            "prompt_id": pool[batch.prompts[gen.prompt_index[k]]].id,
+            "reward": reward,
+            "finish_reason": gen.finish_reasons[k],
+            "length": len(gen.token_ids[k]),
+            "text": gen.texts[k],
+        })
+    return rows
+
+
 def save_checkpoint(model: torch.nn.Module, tokenizer, path: Path) -> None:
     """Write a safetensors checkpoint folder atomically (temporary folder, then rename)."""
-    import shutil
     tmp = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
+    fsync_tree(tmp)
     if path.exists():
         raise FileExistsError(f"{path} already exists; checkpoints are never overwritten.")
     os.replace(tmp, path)
@@ -448,4 +651,25 @@ def train(cfg: RunConfig | dict, progress: bool = True) -> Path:
     """Run one training run and return its run directory."""
     if isinstance(cfg, dict):
         cfg = RunConfig.from_dict(cfg)
-    return Trainer(cfg, progress=progress).run_loop()
+    if os.environ.get(DIE_WITH_PARENT_ENV):
+        die_with_parent()
+    # SIGTERM (a study stopped, a scheduler's kill) ends the run like Ctrl-C: recorded as
+    # interrupted and resumable.
+    previous = _interrupt_on_sigterm()
+    try:
+        return Trainer(cfg, progress=progress).run_loop()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt_on_sigterm():
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt("terminated")
+
+    return signal.signal(signal.SIGTERM, handler)

@@ -70,3 +70,25 @@ def refresh_committed_notebooks(notebooks: Iterable[str] = ANALYSIS_NOTEBOOKS, p
         nbformat.write(nb, path)
         written.append(path)
     return written
+
+
+def write_parameters_cell(path: Path = REPO_ROOT / "notebooks" / "10_train.ipynb", check: bool = False) -> bool:
+    """Rewrite the ``parameters`` cell of the training notebook from RunConfig.
+
+    Returns True when the cell already matched; with ``check`` nothing is written.
+    """
+    import json
+
+    from ..config import parameters_cell
+
+    notebook = json.loads(Path(path).read_text())
+    cells = [c for c in notebook["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    if len(cells) != 1:
+        raise ValueError(f"{path} must have exactly one cell tagged 'parameters', found {len(cells)}.")
+    source = parameters_cell()
+    current = "".join(cells[0]["source"])
+    if current == source or check:
+        return current == source
+    cells[0]["source"] = source.splitlines(keepends=True)
+    Path(path).write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n")
+    return False

@@ -21,9 +21,11 @@ from typing import Any, Iterable
 
 from tqdm.auto import tqdm
 
-from ..config import RunConfig
+from ..config import RunConfig, config_drift
+from ..locks import exclusive, study_lock_path
 from ..provenance import REPO_ROOT
 from ..records import RunDir, atomic_write_json, read_json
+from ..runtime import DIE_WITH_PARENT_ENV, die_with_parent
 from .planning import PHASE_ORDER, Plan, PlanError, PlannedRun, plan
 from .presenting import plan_to_json
 from .scheduling import check_scheduler, execute_on_ray
@@ -31,8 +33,6 @@ from .selection import select
 
 TRAIN_NOTEBOOK = REPO_ROOT / "notebooks" / "10_train.ipynb"
 EXECUTORS = ("auto", "papermill", "inprocess")
-# Fields that may differ between a recorded run and its plan without changing what it learns.
-LOCAL_FIELDS = frozenset({"resume", "output_dir", "device", "engine_url", "data_dir"})
 
 
 @dataclass
@@ -116,13 +116,7 @@ def _subprocess_env(threads: int | None) -> dict[str, str]:
 def _config_drift(cfg: RunConfig) -> list[str]:
     """Fields whose recorded value differs from the plan, for a run that already has records."""
     path = RunDir(cfg.run_dir).config_path
-    if not path.exists():
-        return []
-    recorded = read_json(path).get("config", {})
-    planned = cfg.to_dict()
-    # Fields newer than the record are not compared, so adding a RunConfig field keeps old runs resumable.
-    return [f"{k}: recorded {recorded[k]!r}, planned {v!r}" for k, v in planned.items()
-            if k not in LOCAL_FIELDS and k in recorded and recorded[k] != v]
+    return config_drift(read_json(path).get("config", {}), cfg) if path.exists() else []
 
 
 def _error_text(exc: BaseException) -> str:
@@ -138,8 +132,10 @@ def _train_papermill(cfg: RunConfig) -> tuple[str | None, str | None]:
     run_dir = cfg.run_dir
     staging = Path(cfg.output_dir) / ".running" / f"{cfg.run_id}.ipynb"
     staging.parent.mkdir(parents=True, exist_ok=True)
-    # The kernel inherits this process's environment; it must import this same library.
+    # The kernel inherits this process's environment; it must import this same library, and it
+    # dies with this process instead of training on behind a rerun's back.
     os.environ["PYTHONPATH"] = _subprocess_env(None)["PYTHONPATH"]
+    os.environ[DIE_WITH_PARENT_ENV] = "1"
     try:
         # The trainer refuses a non-empty new run directory, so the notebook is written beside
         # it while it runs and moved in afterwards.
@@ -266,9 +262,12 @@ def _execute_in_worker(unit: dict, threads: int, gpu: str | None = None) -> JobR
     with open(log, "a") as err:
         err.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} worker start (GPU {gpu or 'none'}, {threads} threads)\n")
         err.flush()
+        # A worker (and the notebook kernel it starts) dies with this process: a killed study
+        # leaves no run going on behind a rerun's back.
+        env[DIE_WITH_PARENT_ENV] = "1"
         proc = subprocess.run([sys.executable, "-m", "grpo_knobs.study", "--worker", str(threads)],
                               input=json.dumps(unit | {"progress": True}), stdout=subprocess.PIPE, stderr=err,
-                              text=True, env=env)
+                              text=True, env=env, preexec_fn=die_with_parent)
     last = proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []
     if proc.returncode == 0 and last:
         return JobResult(**json.loads(last[0]))
@@ -373,6 +372,14 @@ def run_study(preset: str | Path, phases: Iterable[str] | None = None, jobs: int
     check_scheduler(scheduler, jobs, ray_address)
     executor = _resolve_executor(executor)
     p = plan(preset, study_dir=study_dir, params=params)
+    # One writer per study: a second study command on this directory stops here, at once.
+    with exclusive(study_lock_path(p.study_dir), f"study {p.study_dir}"):
+        return _run_phases(p, preset, phases, jobs, executor, params, only, progress, scheduler, ray_address)
+
+
+def _run_phases(p: Plan, preset: str | Path, phases: list[str], jobs: int, executor: str,
+                params: dict[str, Any] | None, only: list[str] | None, progress: bool,
+                scheduler: str = "local", ray_address: str | None = None) -> StudyReport:
     _check_drift([r for r in p.runs if not r.placeholder and r.phase in phases])
     p.study_dir.mkdir(parents=True, exist_ok=True)
     _write_plan_snapshot(p)
