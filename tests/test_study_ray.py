@@ -46,7 +46,7 @@ def _records(run_dir: Path) -> dict:
         "state": run.state(),
         "collections": [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in run.collections()],
         "evals": evals.to_dict("records"),
-        "config": {k: v for k, v in conf["config"].items() if k not in study.LOCAL_FIELDS},
+        "config": {k: v for k, v in conf["config"].items() if k not in ("output_dir", "resume")},
         "record": {k: conf[k] for k in CONFIG_RECORD_KEYS},
         "weights": {k: v.numpy().tobytes() for k, v in weights.items()},
     }
