@@ -66,9 +66,10 @@ def _local_reference(path: Path, study_dir: Path, monkeypatch, **kw) -> study.St
 
 
 @pytest.fixture
-def local_ray():
+def local_ray(request):
+    """A local Ray instance; ``@pytest.mark.parametrize("local_ray", [{...}], indirect=True)`` adds to its settings."""
     ray = pytest.importorskip("ray")
-    ray.init(**RAY_INIT)
+    ray.init(**RAY_INIT | getattr(request, "param", {}))
     yield ray
     ray.shutdown()
 
@@ -210,3 +211,32 @@ def test_a_killed_ray_worker_is_retried_and_its_run_resumed(tmp_path, monkeypatc
     reference = _local_reference(path, tmp_path / "local", monkeypatch, phases=["screening"], only=[run_id])
     assert reference.ok, reference.summary()
     _assert_same_records(tmp_path / "local" / run_id, run.path)
+
+
+@pytest.mark.slow
+@needs_ray
+@needs_trainer
+@pytest.mark.parametrize("local_ray", [{"num_gpus": 4}], indirect=True)
+def test_gpu_runs_get_the_gpus_they_ask_for(tmp_path, local_ray):
+    """Four GPUs declared to Ray on a CPU machine: each CUDA run is handed its own devices, then fails
+    at once on finding no CUDA, which is recorded like any run's failure and not retried."""
+    path = _write_plan(tmp_path / "plan.yaml")
+    runs = study.plan(path, study_dir=tmp_path / "study").phase("screening")
+    engines = {runs[0].run_id: "sglang", runs[1].run_id: "hf"}
+    units = [
+        {
+            "kind": "train",
+            "executor": "inprocess",
+            "config": r.config.to_dict() | {"device": "cuda", "engine": engines[r.run_id]},
+        }
+        for r in runs
+    ]
+    results = scheduling.execute_on_ray(units, "screening", progress=False)
+    assert [r.run_id for r in results] == [r.run_id for r in runs] and {r.status for r in results} == {"failed"}
+    assert all("CUDA is not available" in r.error for r in results)
+    for run_id, engine in engines.items():
+        (gpus,) = re.findall(
+            r"ray worker start \(pid \d+, node [^,]+, GPUs \[([^\]]*)\], 2 threads\)",
+            (tmp_path / "study" / ".logs" / f"{run_id}.log").read_text(),
+        )
+        assert len(gpus.split(",")) == (2 if engine == "sglang" else 1)  # SGLang + trainer, or the trainer alone

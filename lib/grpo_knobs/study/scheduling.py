@@ -159,9 +159,10 @@ def _run_unit_in_task(unit: dict[str, Any], threads: int) -> dict[str, Any]:
         pass
     log = _worker_log(unit)
     with _output_to(log):
-        # The PID names this process for whoever needs to stop it; a retry appends its own header.
+        # The PID names this process for whoever needs to stop it; a retry appends its own header,
+        # on a line of its own after a killed attempt's unfinished progress bar.
         print(
-            f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} ray worker start (pid {os.getpid()}, node "
+            f"\n--- {time.strftime('%Y-%m-%dT%H:%M:%S')} ray worker start (pid {os.getpid()}, node "
             f"{ray.util.get_node_ip_address()}, GPUs {ray.get_gpu_ids() or 'none'}, {threads} threads)",
             flush=True,
         )
