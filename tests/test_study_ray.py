@@ -112,6 +112,9 @@ def test_a_run_no_node_can_hold_fails_at_once():
     with pytest.raises(ValueError, match=r"run r needs 2 GPU\(s\) on one node.* largest node has 1"):
         scheduling._fit(scheduling.Resources(2, 8), [(1, 16), (0, 64)], "r")
     assert scheduling._fit(scheduling.Resources(1, 4), [(1, 2)], "r") == scheduling.Resources(1, 2)
+    # 8 GPUs and 16 cores: four SGLang runs side by side, not two
+    assert scheduling._fit(scheduling.Resources(2, 8), [(8, 16)], "r") == scheduling.Resources(2, 4)
+    assert scheduling._fit(scheduling.Resources(0, 1), [(0, 2)], "r") == scheduling.Resources(0, 1)
 
 
 # ---------------------------------------------------------------------------------------
@@ -236,7 +239,7 @@ def test_gpu_runs_get_the_gpus_they_ask_for(tmp_path, local_ray):
     assert all("CUDA is not available" in r.error for r in results)
     for run_id, engine in engines.items():
         (gpus,) = re.findall(
-            r"ray worker start \(pid \d+, node [^,]+, GPUs \[([^\]]*)\], 2 threads\)",
+            r"ray worker start \(pid \d+, node [^,]+, GPUs \[([^\]]*)\], 1 threads\)",  # 2 cores / 4 GPUs
             (tmp_path / "study" / ".logs" / f"{run_id}.log").read_text(),
         )
         assert len(gpus.split(",")) == (2 if engine == "sglang" else 1)  # SGLang + trainer, or the trainer alone

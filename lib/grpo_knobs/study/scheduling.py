@@ -189,20 +189,22 @@ def _node_sizes(ray) -> list[tuple[int, int]]:
 
 
 def _fit(need: Resources, nodes: list[tuple[int, int]], run_id: str) -> Resources:
-    """The request as submitted: GPUs as needed, CPUs capped at what a node with those GPUs has.
+    """The request as submitted: the GPUs it needs, and no more CPUs than a node can give per GPU.
 
+    A GPU run's cores are capped at its GPUs' share of a node's cores, so a node with few cores
+    per GPU still runs one job per GPU pair instead of leaving GPUs idle for want of cores.
     Raises ValueError when no node has the GPUs, instead of leaving the task queued forever.
     """
     if not nodes:
         raise ValueError("the Ray cluster has no alive nodes; start them with `ray start` (docs/cluster.md).")
-    cpus = [c for g, c in nodes if g >= need.gpus and c >= 1]
-    if not cpus:
+    shares = [c if need.gpus == 0 else need.gpus * c // g for g, c in nodes if g >= need.gpus and c >= 1]
+    if not shares:
         most = max((g for g, _ in nodes), default=0)
         raise ValueError(
             f"run {run_id} needs {need.gpus} GPU(s) on one node, and the Ray cluster's largest node has "
             f"{most}; add GPU nodes, or set device=cpu in the plan for a CPU-only cluster."
         )
-    return Resources(need.gpus, min(need.cpus, max(cpus)))
+    return Resources(need.gpus, max(1, min(need.cpus, max(shares))))
 
 
 def _lost_task_error(ray, exc: Exception) -> str:
