@@ -1,5 +1,5 @@
 # Two commands for a fresh machine:
-#   make study   set up .venv, fetch the model, run the smoke study on CPU, draw its figures
+#   make study   set up .venv, fetch the model, run the smoke study on CPU, draw its figures and report
 #   make test    set up .venv, fetch the model, run every test (unit, integration, nbval)
 PYTHON ?= python3
 VENV   := .venv
@@ -31,13 +31,15 @@ setup: $(STAMP)
 
 study: setup
 	$(BIN)/grpo-knobs study $(PRESET)
+	$(BIN)/grpo-knobs report runs/$(PRESET)
 
 test: setup
 	$(BIN)/python -m pytest tests $(NBVAL_NOTEBOOKS) --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-# Re-execute the committed analysis notebooks on results/h200-mini, rewriting figures/.
+# Re-execute the committed analysis notebooks on results/h200-mini, rewriting figures/ and its report.
 figures: $(STAMP)
 	$(BIN)/grpo-knobs analyze --committed
+	$(BIN)/grpo-knobs report results/h200-mini
 
 clean-venv:
 	rm -rf $(VENV)

@@ -304,7 +304,7 @@ def test_the_cli_turns_expected_failures_into_one_line(tmp_path, args, files, me
         (tmp_path / name).write_text(text)
     proc = _cli(*args, cwd=tmp_path)
     assert proc.returncode == 2
-    err = proc.stderr.strip().splitlines()
+    err = [line for line in proc.stderr.splitlines() if line.startswith("grpo-knobs") or "Traceback" in line]
     assert len(err) == 1 and err[0].startswith(f"grpo-knobs {args[0]}: error: "), proc.stderr
     assert re.search(message, err[0]), err[0]
     debug = _cli("--debug", *args, cwd=tmp_path)
@@ -324,8 +324,8 @@ def test_a_full_disk_is_one_line_and_keeps_the_error(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "grpo_knobs.cli", *args], cwd=tmp_path, env=_env(),
                           capture_output=True, text=True, timeout=300, preexec_fn=_limit_file_size)
     assert proc.returncode == 2
-    err = proc.stderr.strip().splitlines()
-    assert len(err) == 1 and "File too large" in err[0], proc.stderr[-3000:]
+    err = [line for line in proc.stderr.splitlines() if line.startswith("grpo-knobs") or "Traceback" in line]
+    assert len(err) == 1 and "(File too large); free disk space" in err[0], proc.stderr[-3000:]
 
 
 def test_ctrl_c_leaves_a_resumable_run_and_says_how_to_resume(tmp_path):

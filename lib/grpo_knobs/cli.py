@@ -126,6 +126,12 @@ def _cmd_notebook_params(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(a: argparse.Namespace) -> int:
+    from .report import write_report
+    print(f"report: {write_report(a.study_dir, a.out, a.notebooks)}")
+    return 0
+
+
 def _cmd_audit(a: argparse.Namespace) -> int:
     from .audit import run_reward_audit
     out = run_reward_audit(task=a.task, model=a.model, problems=a.problems, max_new_tokens=a.max_new_tokens,
@@ -210,6 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
     nbp.add_argument("--check", action="store_true", help="Only check; exit 2 when the cell differs.")
     nbp.set_defaults(func=_cmd_notebook_params)
 
+    rp = sub.add_parser("report", help="One self-contained HTML page from a study's executed analysis notebooks.")
+    rp.add_argument("study_dir", help="A study directory analysed by `grpo-knobs analyze` (or results/h200-mini).")
+    rp.add_argument("--out", default=None, help="Default: report.html beside the notebooks' figures.")
+    rp.add_argument("--notebooks", default=None, help="Folder of executed notebooks; default: <study_dir>/figures.")
+    rp.set_defaults(func=_cmd_report)
+
     au = sub.add_parser("audit", help="Reward audit: grade the initial model strict and flexible.")
     au.add_argument("--task", default="gsm8k")
     au.add_argument("--model", default="smollm2-135m-instruct")
@@ -223,8 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _one_line(exc: BaseException) -> str:
     """The error as one line that says what went wrong (and, from our own errors, how to fix it)."""
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        return f"no space left on the device writing {exc.filename or 'records'}; free space and resume the run"
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+        where = exc.filename or "records"
+        return f"could not write {where} ({exc.strerror}); free disk space (or raise the limit) and resume the run"
     if isinstance(exc, PermissionError):
         return f"permission denied: {exc.filename}; choose a writable output_dir"
     if isinstance(exc, OSError) and exc.filename and exc.strerror:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import re
 import textwrap
 import types
@@ -209,12 +210,17 @@ def parameters_cell() -> str:
         if f.name in SECTIONS:
             lines.append(f"\n# --- {SECTIONS[f.name]}\n")
         help_text = " ".join(f.metadata.get("help", "").split())
-        code = f"{f.name}: {f.type} = {f.default!r}"
+        code = f"{f.name}: {f.type} = {_literal(f.default)}"
         if len(code) + len(help_text) + 4 <= 119:
             lines.append(f"{code}  # {help_text}\n")
         else:  # a long help reads better above its field
             lines += [f"# {line}\n" for line in textwrap.wrap(help_text, 115)] + [f"{code}\n"]
     return "".join(lines).rstrip("\n")
+
+
+def _literal(value: Any) -> str:
+    """A default as Python source, strings double-quoted as the formatter writes them."""
+    return json.dumps(value) if isinstance(value, str) else repr(value)
 
 
 # Fields that may change when a run is resumed: where and how it runs, not what it learns.

@@ -170,6 +170,32 @@ TASKS: dict[str, TaskSpec] = {
         test_size=128,
         method="enumerate",
     ),
+    "countdown-2x50": CountdownVariant(
+        name="countdown-2x50",
+        description=(
+            "2 numbers from 1-50: every (sorted numbers, positive integer target) instance, "
+            "split 512 validation / 512 test / the rest train"
+        ),
+        counts=(2,),
+        number_range=(1, 50),
+        target_range=(1, 2500),
+        validation_size=512,
+        test_size=512,
+        method="enumerate",
+    ),
+    "countdown-2x99": CountdownVariant(
+        name="countdown-2x99",
+        description=(
+            "2 numbers from 1-99: every (sorted numbers, positive integer target) instance, "
+            "split 512 validation / 1,024 test / the rest train"
+        ),
+        counts=(2,),
+        number_range=(1, 99),
+        target_range=(1, 9801),
+        validation_size=512,
+        test_size=1024,
+        method="enumerate",
+    ),
     "countdown-3x10": CountdownVariant(
         name="countdown-3x10",
         description=(
