@@ -59,6 +59,10 @@ def _assert_same_records(a: Path, b: Path) -> None:
         assert ra[key] == rb[key], f"{a.name}: {key} differs"
 
 
+def _statuses(report: study.StudyReport) -> list[tuple[str, str, str]]:
+    return [(r.run_id, r.phase, r.status) for r in report.results]
+
+
 def _local_reference(path: Path, study_dir: Path, monkeypatch, **kw) -> study.StudyReport:
     """The local scheduler's worker processes, one torch thread each, as a Ray task of one CPU gets."""
     monkeypatch.setattr(study_run.os, "cpu_count", lambda: 2)
@@ -136,8 +140,7 @@ def test_ray_study_records_equal_the_local_schedulers(tmp_path, monkeypatch, loc
         path, phases=phases, study_dir=tmp_path / "ray", executor="inprocess", scheduler="ray", progress=False
     )
     assert on_ray.ok, on_ray.summary()
-    status = lambda report: [(r.run_id, r.phase, r.status) for r in report.results]
-    assert status(on_ray) == status(local) and len(on_ray.results) == 8  # 4 runs, selection, 3 test jobs
+    assert _statuses(on_ray) == _statuses(local) and len(on_ray.results) == 8  # 4 runs, selection, 3 test jobs
     p = study.plan(path, study_dir=tmp_path / "ray")
     runs = [r for r in p.runs if r.phase in phases]
     assert [r.run_id for r in p.phase("confirmation")] == [
