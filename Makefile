@@ -23,9 +23,11 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" $(TRITON_SPEC)
-	$(BIN)/python -m pip install -q -e ".[test,tracking]"
-# TRL's GRPOConfig alone (tests/test_conventions.py builds real ones): its trainer's dependencies are not needed.
-	$(BIN)/python -m pip install -q --no-deps trl==1.16.0
+	$(BIN)/python -m pip install -q -e ".[test,tracking,ray]"
+# TRL's GRPOConfig alone (tests/test_conventions.py builds real ones) with the accelerate it imports; its
+# trainer's other dependencies are not needed. SGLang's argument parser and API types (tests/test_sglang.py).
+	$(BIN)/python -m pip install -q --no-deps trl==1.16.0 accelerate==1.15.0
+	$(BIN)/python -m pip install -q --no-deps -r tests/sglang-api-requirements.txt
 	touch $(STAMP)
 
 setup: $(STAMP)

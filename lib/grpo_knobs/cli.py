@@ -94,7 +94,8 @@ def _cmd_study(a: argparse.Namespace) -> int:
     from .config import parse_plan_params
     a.resume_hint = f"run the same `grpo-knobs study {a.preset}` command again (complete runs are skipped)"
     report = study.run_study(a.preset, phases=a.phase or None, jobs=a.jobs, study_dir=a.study_dir,
-                             executor=a.executor, params=parse_plan_params(a.param or []), only=a.only or None)
+                             executor=a.executor, params=parse_plan_params(a.param or []), only=a.only or None,
+                             scheduler=a.scheduler, ray_address=a.ray_address)
     print(report.summary())
     if report.failed:
         return 1
@@ -213,6 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--param", action="append", metavar="KEY=VALUE", help="Set one of the plan's params (repeatable).")
     st.add_argument("--only", action="append", metavar="GLOB", help="Only runs whose id matches (repeatable).")
     st.add_argument("--no-analysis", action="store_true", help="Skip the analysis notebooks at the end.")
+    st.add_argument("--scheduler", choices=["local", "ray"], default="local",
+                    help="local: this machine (--jobs workers); ray: each run a Ray task holding the GPUs and CPUs "
+                         "it needs (docs/cluster.md).")
+    st.add_argument("--ray-address", default=None, help="Ray cluster to run on (e.g. HEAD_IP:6379, or auto); "
+                                                        "default: start a local Ray instance.")
     st.set_defaults(func=_cmd_study)
 
     an = sub.add_parser("analyze", help="Execute the analysis notebooks (50-56) on a study directory.")

@@ -34,6 +34,7 @@ Modules, one job each (this package re-exports their names):
 - ``selection``: the selection rule's scores, ``select()``, validation summaries
 - ``run``: ``run_study()``, its executors and worker processes, terminal test results
 - ``__main__``: the worker process, ``python -m grpo_knobs.study --worker N``
+- ``scheduling``: ``--scheduler ray``, each run a Ray task holding the GPUs and CPUs it needs
 - ``notebooks``: ``run_analysis()`` and refreshing the committed analysis notebooks
 """
 

@@ -9,6 +9,7 @@ from typing import Any, Iterable
 from ..knobs import KNOB_NAMES
 from ..records import RunDir
 from .planning import Plan, PlannedRun, TerminalTest
+from .scheduling import config_resources, test_job_resources
 
 
 def _span(lo: int, hi: int) -> str:
@@ -19,7 +20,9 @@ def plan_to_json(plan: Plan) -> list[dict[str, Any]]:
     """One object per run and per terminal test job, for ``grpo-knobs plan --json``.
 
     A placeholder's knobs and lr are null (its arm is not chosen yet), as is each count
-    that differs between candidate arms; ``range`` gives every count's (low, high).
+    that differs between candidate arms; ``range`` gives every count's (low, high). ``resources``
+    is what the run asks of one node under ``--scheduler ray`` where GPUs exist (``device: auto``
+    asks for none on a CPU-only cluster).
     """
     out = []
     for r in plan.runs:
@@ -27,7 +30,8 @@ def plan_to_json(plan: Plan) -> list[dict[str, Any]]:
         cfg = r.config
         row: dict[str, Any] = {"phase": r.phase, "run_id": r.run_id, "task": r.task, "arm": r.arm, "seed": r.seed,
                                "placeholder": r.placeholder, "response_budget": cfg.response_budget,
-                               "eval_every_responses": cfg.eval_every_responses}
+                               "eval_every_responses": cfg.eval_every_responses,
+                               "resources": config_resources(cfg.to_dict()).to_dict()}
         if r.placeholder:
             row.update({k: None for k in KNOB_NAMES}, lr=None, candidates=[c.arm for c in r.candidates],
                        **{k: lo if lo == hi else None for k, (lo, hi) in counts.items()},
@@ -39,7 +43,7 @@ def plan_to_json(plan: Plan) -> list[dict[str, Any]]:
     for job in plan.tests:
         out.append({"phase": "test", "run_id": job.run_id, "task": job.task, "source": job.source,
                     "model": job.model, "max_new_tokens": job.max_new_tokens, "problems": job.problems,
-                    "placeholder": job.placeholder})
+                    "placeholder": job.placeholder, "resources": test_job_resources(job.job()).to_dict()})
     return out
 
 

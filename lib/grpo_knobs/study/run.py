@@ -28,6 +28,7 @@ from ..records import RunDir, atomic_write_json, read_json
 from ..runtime import DIE_WITH_PARENT_ENV, die_with_parent
 from .planning import PHASE_ORDER, Plan, PlanError, PlannedRun, plan
 from .presenting import plan_to_json
+from .scheduling import check_scheduler, execute_on_ray
 from .selection import select
 
 TRAIN_NOTEBOOK = REPO_ROOT / "notebooks" / "10_train.ipynb"
@@ -345,7 +346,7 @@ def _write_plan_snapshot(p: Plan) -> None:
 def run_study(preset: str | Path, phases: Iterable[str] | None = None, jobs: int = 1,
               study_dir: str | Path | None = None, executor: str = "auto", *,
               params: dict[str, Any] | None = None, only: list[str] | None = None,
-              progress: bool = True) -> StudyReport:
+              progress: bool = True, scheduler: str = "local", ray_address: str | None = None) -> StudyReport:
     """Execute a study's phases in order, skipping completed work and recording failures.
 
     Args:
@@ -358,6 +359,9 @@ def run_study(preset: str | Path, phases: Iterable[str] | None = None, jobs: int
         executor: papermill (10_train.ipynb per run), inprocess (trainer.train), or auto.
         params: values for the plan's ``params``.
         only: run-id glob patterns; other runs are left for a later call.
+        scheduler: local (this machine, ``jobs`` workers) or ray (each run a Ray task holding the
+            GPUs and CPUs it needs; ``scheduling.execute_on_ray``).
+        ray_address: the Ray cluster for scheduler ray; None starts a local Ray instance.
     """
     phases = list(phases or PHASE_ORDER)
     bad = [ph for ph in phases if ph not in PHASE_ORDER]
@@ -365,15 +369,17 @@ def run_study(preset: str | Path, phases: Iterable[str] | None = None, jobs: int
         raise ValueError(f"Unknown phase(s) {bad}; phases: {', '.join(PHASE_ORDER)}.")
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be a positive integer, got {jobs!r}.")
+    check_scheduler(scheduler, jobs, ray_address)
     executor = _resolve_executor(executor)
     p = plan(preset, study_dir=study_dir, params=params)
     # One writer per study: a second study command on this directory stops here, at once.
     with exclusive(study_lock_path(p.study_dir), f"study {p.study_dir}"):
-        return _run_phases(p, preset, phases, jobs, executor, params, only, progress)
+        return _run_phases(p, preset, phases, jobs, executor, params, only, progress, scheduler, ray_address)
 
 
 def _run_phases(p: Plan, preset: str | Path, phases: list[str], jobs: int, executor: str,
-                params: dict[str, Any] | None, only: list[str] | None, progress: bool) -> StudyReport:
+                params: dict[str, Any] | None, only: list[str] | None, progress: bool,
+                scheduler: str = "local", ray_address: str | None = None) -> StudyReport:
     _check_drift([r for r in p.runs if not r.placeholder and r.phase in phases])
     p.study_dir.mkdir(parents=True, exist_ok=True)
     _write_plan_snapshot(p)
@@ -409,7 +415,10 @@ def _run_phases(p: Plan, preset: str | Path, phases: list[str], jobs: int, execu
                 # back) then never leaves a finished checkpoint untested.
                 units = [u | ({"test": tests[rid]} if (rid := u["config"]["run_id"]) in tests else {}) for u in units]
         if units:
-            results = _execute_all(units, jobs, phase, progress)
+            if scheduler == "ray":
+                results = execute_on_ray(units, phase, progress, ray_address)
+            else:
+                results = _execute_all(units, jobs, phase, progress)
             if phase == "test":  # tests run right after their confirmation run count as this call's work
                 results = [dataclasses.replace(r, status="complete") if r.status == "skipped"
                            and r.run_id not in tested_before else r for r in results]
