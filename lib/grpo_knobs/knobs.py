@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -192,9 +193,11 @@ class Arm:
     num_steps_per_rollout: int
     lr_multiplier: float = 1.0
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "plan", BatchPlan(self.rollout_batch_size, self.n_samples_per_prompt,
-                                                   self.global_batch_size, self.num_steps_per_rollout))
+    @cached_property
+    def plan(self) -> BatchPlan:
+        """Built on first use, so a plan names the run whose arm has a bad shape."""
+        return BatchPlan(self.rollout_batch_size, self.n_samples_per_prompt, self.global_batch_size,
+                         self.num_steps_per_rollout)
 
 
 # The study's screening grid: 11 arms per task. The two "-sqrt" arms carry a scaled

@@ -44,7 +44,8 @@ from .notebooks import ANALYSIS_NOTEBOOKS, refresh_committed_notebooks, run_anal
 from .planning import (PHASE_ORDER, PLAN_OWNED, RANK_METRICS, STUDIES_DIR, TRAIN_PHASES, Plan, PlanError,
                        PlannedRun, SelectionRule, TerminalTest, default_study_dir, load_spec, plan, preset_path)
 from .presenting import format_plan_table, plan_to_json, run_progress
-from .run import (EXECUTORS, TRAIN_NOTEBOOK, JobResult, StudyReport, _execute_all, _subprocess_env,
+from .units import EXECUTORS, TRAIN_NOTEBOOK, JobResult, _subprocess_env
+from .run import (StudyReport, _execute_all,
                   run_study, terminal_test_results, visible_gpus)
 from .selection import compute_selection, select, selection_table, validation_summary
 

@@ -6,7 +6,7 @@ import dataclasses
 import json
 import sys
 
-from .run import _execute_unit
+from .units import _execute_unit
 
 
 def _worker_main(threads: int) -> None:

@@ -3,17 +3,14 @@ runs, resuming killed ones and recording failures."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import fnmatch
-import gc
 import json
 import os
 import queue
 import subprocess
 import sys
 import time
-import traceback
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,28 +20,20 @@ from tqdm.auto import tqdm
 
 from ..config import RunConfig, config_drift
 from ..locks import exclusive, study_lock_path
-from ..provenance import REPO_ROOT
 from ..records import RunDir, atomic_write_json, read_json
 from ..runtime import DIE_WITH_PARENT_ENV, die_with_parent
 from .planning import PHASE_ORDER, Plan, PlanError, PlannedRun, plan
 from .presenting import plan_to_json
 from .scheduling import check_scheduler, execute_on_ray
 from .selection import select
-
-TRAIN_NOTEBOOK = REPO_ROOT / "notebooks" / "10_train.ipynb"
-EXECUTORS = ("auto", "papermill", "inprocess")
-
-
-@dataclass
-class JobResult:
-    """What happened to one run or test job in one ``run_study`` call."""
-
-    run_id: str
-    phase: str
-    status: str  # complete, skipped, failed, blocked
-    seconds: float = 0.0
-    error: str | None = None
-    record: str | None = None  # the failed notebook or failure file
+from .units import (
+    JobResult,
+    _execute_unit,
+    _resolve_executor,
+    _subprocess_env,
+    _unit_cost,
+    _worker_log,
+)
 
 
 @dataclass
@@ -88,144 +77,10 @@ class StudyReport:
             raise RuntimeError(self.summary())
 
 
-def _resolve_executor(executor: str) -> str:
-    if executor not in EXECUTORS:
-        raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}.")
-    if executor != "auto":
-        return executor
-    try:
-        import papermill  # noqa: F401
-    except ImportError:
-        return "inprocess"
-    return "papermill" if TRAIN_NOTEBOOK.exists() else "inprocess"
-
-
-def _subprocess_env(threads: int | None) -> dict[str, str]:
-    """The environment of kernels and workers: this library importable, threads bounded."""
-    env = dict(os.environ)
-    lib = str(Path(__file__).resolve().parents[2])
-    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if lib not in parts:
-        env["PYTHONPATH"] = os.pathsep.join([lib, *parts])
-    if threads:
-        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-            env[var] = str(threads)
-    return env
-
-
 def _config_drift(cfg: RunConfig) -> list[str]:
     """Fields whose recorded value differs from the plan, for a run that already has records."""
     path = RunDir(cfg.run_dir).config_path
     return config_drift(read_json(path).get("config", {}), cfg) if path.exists() else []
-
-
-def _error_text(exc: BaseException) -> str:
-    ename, evalue = getattr(exc, "ename", None), getattr(exc, "evalue", None)
-    text = f"{ename}: {evalue}" if ename else f"{type(exc).__name__}: {exc}"
-    return text.strip().splitlines()[0][:500] if text.strip() else type(exc).__name__
-
-
-def _train_papermill(cfg: RunConfig) -> tuple[str | None, str | None]:
-    """Execute 10_train.ipynb for one run; returns (error, failed notebook path)."""
-    import papermill as pm
-
-    run_dir = cfg.run_dir
-    staging = Path(cfg.output_dir) / ".running" / f"{cfg.run_id}.ipynb"
-    staging.parent.mkdir(parents=True, exist_ok=True)
-    # The kernel inherits this process's environment; it must import this same library, and it
-    # dies with this process instead of training on behind a rerun's back.
-    os.environ["PYTHONPATH"] = _subprocess_env(None)["PYTHONPATH"]
-    os.environ[DIE_WITH_PARENT_ENV] = "1"
-    try:
-        # The trainer refuses a non-empty new run directory, so the notebook is written beside
-        # it while it runs and moved in afterwards.
-        pm.execute_notebook(str(TRAIN_NOTEBOOK), str(staging), parameters=cfg.to_dict(), cwd=str(TRAIN_NOTEBOOK.parent),
-                            progress_bar=False)
-    except Exception as exc:  # papermill saved the partially executed notebook first
-        run_dir.mkdir(parents=True, exist_ok=True)
-        failed = run_dir / "10_train.failed.ipynb"
-        if staging.exists():
-            os.replace(staging, failed)
-        return _error_text(exc), str(failed)
-    os.replace(staging, run_dir / "10_train.ipynb")
-    with contextlib.suppress(OSError):  # other workers may still be using it
-        staging.parent.rmdir()
-    return None, None
-
-
-def _train_inprocess(cfg: RunConfig, progress: bool) -> tuple[str | None, str | None]:
-    """Call trainer.train for one run; a failure's traceback goes to <run_dir>/failure.txt."""
-    from ..trainer import train
-    try:
-        train(cfg, progress=progress)
-    except Exception as exc:
-        failure = cfg.run_dir / "failure.txt"
-        cfg.run_dir.mkdir(parents=True, exist_ok=True)
-        failure.write_text(traceback.format_exc())
-        return _error_text(exc), str(failure)
-    finally:
-        _release_memory()
-    return None, None
-
-
-def _release_memory() -> None:
-    """Free the finished run's tensors before the next run loads a model in this process."""
-    gc.collect()
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def _execute_training(config: dict, executor: str, progress: bool) -> JobResult:
-    cfg = RunConfig.from_dict(config)
-    run = RunDir(cfg.run_dir)
-    t0 = time.perf_counter()
-    if run.is_complete():
-        return JobResult(cfg.run_id, cfg.phase, "skipped")
-    cfg = dataclasses.replace(cfg, resume=run.path.exists() and any(run.path.iterdir()))
-    if executor == "papermill":
-        error, record = _train_papermill(cfg)
-    else:
-        error, record = _train_inprocess(cfg, progress)
-    if error is None and not run.is_complete():
-        state = run.state() or {}
-        error = f"the run ended without state.json status 'complete' (status: {state.get('status')})"
-    return JobResult(cfg.run_id, cfg.phase, "failed" if error else "complete", time.perf_counter() - t0, error, record)
-
-
-def _execute_test(study_dir: str, job: dict) -> JobResult:
-    from ..evaluation import run_test_job
-
-    run_dir = Path(study_dir) / job["run_id"]
-    t0 = time.perf_counter()
-    if RunDir(run_dir).test_path.exists():
-        return JobResult(job["run_id"], "test", "skipped")
-    if not job["run_id"].startswith("initial-") and not RunDir(run_dir).is_complete():
-        return JobResult(job["run_id"], "test", "blocked", 0.0, "its confirmation run is not complete")
-    try:
-        run_test_job(study_dir, job)
-    except Exception as exc:
-        failure = run_dir / "test.failure.txt"
-        run_dir.mkdir(parents=True, exist_ok=True)
-        failure.write_text(traceback.format_exc())
-        return JobResult(job["run_id"], "test", "failed", time.perf_counter() - t0, _error_text(exc), str(failure))
-    finally:
-        _release_memory()
-    return JobResult(job["run_id"], "test", "complete", time.perf_counter() - t0)
-
-
-def _execute_unit(unit: dict) -> JobResult:
-    """Run one unit (training run or test job) in this process.
-
-    A training unit may carry its run's terminal test (``unit["test"]``), which then runs
-    right after the run completes, while its final checkpoint is surely on this machine.
-    """
-    if unit["kind"] == "train":
-        result = _execute_training(unit["config"], unit["executor"], unit.get("progress", False))
-        if result.status in ("complete", "skipped") and "test" in unit:
-            _execute_test(unit["test"]["study_dir"], unit["test"]["job"])  # the test phase reports its outcome
-        return result
-    return _execute_test(unit["study_dir"], unit["job"])
 
 
 def visible_gpus() -> list[str]:
@@ -237,15 +92,6 @@ def visible_gpus() -> list[str]:
     except ImportError:
         return []
     return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
-
-
-def _worker_log(unit: dict) -> Path:
-    """<study_dir>/.logs/<run_id>.log: a worker's progress bars and messages."""
-    if unit["kind"] == "train":
-        root, run_id = unit["config"]["output_dir"], unit["config"]["run_id"]
-    else:
-        root, run_id = unit["study_dir"], unit["job"]["run_id"]
-    return Path(root) / ".logs" / f"{run_id}.log"
 
 
 def _execute_in_worker(unit: dict, threads: int, gpu: str | None = None) -> JobResult:
@@ -275,14 +121,6 @@ def _execute_in_worker(unit: dict, threads: int, gpu: str | None = None) -> JobR
     phase = unit["config"]["phase"] if unit["kind"] == "train" else "test"
     tail = " | ".join(line.strip() for line in log.read_text().splitlines()[-3:])
     return JobResult(run_id, phase, "failed", 0.0, f"worker exited with code {proc.returncode}: {tail}", str(log))
-
-
-def _unit_cost(unit: dict) -> float:
-    """A training run's collection count (its generate calls dominate its time); test jobs are short."""
-    if unit["kind"] != "train":
-        return 0.0
-    c = unit["config"]
-    return c["response_budget"] / (c["rollout_batch_size"] * c["n_samples_per_prompt"])
 
 
 def _execute_all(units: list[dict], jobs: int, desc: str, progress: bool) -> list[JobResult]:

@@ -2,7 +2,7 @@
 
 Each training run (with its terminal test, when it carries one) and each test job is one Ray
 task that asks for the GPUs and CPUs its config needs (:func:`unit_resources`). A task runs the
-unit exactly as a local worker process does (``run._execute_unit``): it skips a complete run,
+unit exactly as a local worker process does (``units._execute_unit``): it skips a complete run,
 resumes a partial one and records a failure beside the run. The study directory must be a path
 that every node sees. A task whose worker process dies (killed, out of memory, node lost) is
 retried by Ray up to ``RAY_MAX_RETRIES`` times; the retry finds the partial run and resumes it.
@@ -149,7 +149,7 @@ def _run_unit_in_task(unit: dict[str, Any], threads: int) -> dict[str, Any]:
     """The body of a Ray task: one unit in this worker process, as ``python -m grpo_knobs.study --worker``."""
     import ray
 
-    from .run import _execute_unit, _worker_log
+    from .units import _execute_unit, _worker_log
 
     try:
         import torch
@@ -233,7 +233,7 @@ def execute_on_ray(units: list[dict[str, Any]], desc: str, progress: bool, addre
         address: a Ray cluster (``ray start --head`` prints it; ``auto`` finds one started on this
             machine); None starts a local Ray instance with this machine's GPUs and CPUs.
     """
-    from .run import JobResult, _unit_cost, _worker_log
+    from .units import JobResult, _unit_cost, _worker_log
 
     ray = _import_ray()
     _connect(ray, address)
