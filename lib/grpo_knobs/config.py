@@ -59,6 +59,13 @@ class RunConfig:
     # --- memory and speed (never change the learning algorithm)
     micro_batch_size: int | None = field(default=None, metadata={"help": "Responses per micro-batch (alternative to the token budget)."})
     max_tokens_per_micro_batch: int | None = field(default=8192, metadata={"help": "Token budget per micro-batch (packing)."})
+    trainer_path: str = field(default="auto", metadata={
+        "help": "Trainer forward/backward: packed (sequences back to back, no padding, variable-length attention, "
+                "chunked log-prob head), padded (right-padded micro-batches), or auto: packed where the model "
+                "supports it. Same loss and gradients up to rounding."})
+    packed_tokens_per_micro_batch: int | None = field(default=None, metadata={
+        "help": "Token budget of a packed micro-batch; None: sized to free GPU memory on CUDA, "
+                "max_tokens_per_micro_batch elsewhere."})
     generation_batch_size: int = field(default=512, metadata={"help": "Most sequences generated at once (concurrency cap)."})
     engine: str = field(default="hf", metadata={"help": "Rollout engine: hf or sglang."})
     engine_url: str | None = field(default=None, metadata={"help": "sglang: attach to this server instead of launching one."})
@@ -130,13 +137,16 @@ class RunConfig:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}.")
         if self.fast_rollout not in ("auto", "on", "off", "fused"):
             raise ValueError(f"fast_rollout must be auto, on, off or fused, got {self.fast_rollout!r}.")
+        if self.trainer_path not in ("auto", "packed", "padded"):
+            raise ValueError(f"trainer_path must be auto, packed or padded, got {self.trainer_path!r}.")
         if self.phase not in PHASES:
             raise ValueError(f"phase must be one of {PHASES}, got {self.phase!r}.")
         if self.micro_batch_size is not None and self.max_tokens_per_micro_batch is not None:
             raise ValueError("Set micro_batch_size or max_tokens_per_micro_batch, not both (set the other to None).")
         if self.micro_batch_size is None and self.max_tokens_per_micro_batch is None:
             raise ValueError("Set one of micro_batch_size or max_tokens_per_micro_batch.")
-        for name in ("micro_batch_size", "max_tokens_per_micro_batch", "eval_problems", "eval_max_new_tokens"):
+        for name in ("micro_batch_size", "max_tokens_per_micro_batch", "packed_tokens_per_micro_batch", "eval_problems",
+                     "eval_max_new_tokens"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
                 raise ValueError(f"{name} must be a positive integer or None, got {v!r}.")

@@ -33,6 +33,7 @@ from .config import RunConfig
 from .evaluation import encode_prompts, evaluate
 from .grpo import (Sequence, clipped_surrogate_loss, collate, group_advantages, mixed_group_fraction,
                    pack_micro_batches, token_logprobs)
+from .packing import memory_token_budget, score_packed, supports_packed, token_budget_micro_batches, update_packed
 from .prompts import prompt_version
 from .provenance import git_commit, package_versions, source_sha256
 from .records import RunDir, atomic_write_json
@@ -163,7 +164,8 @@ class Trainer:
                 import copy
                 self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
             self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                               weight_decay=cfg.weight_decay, eps=1e-8)
+                                               weight_decay=cfg.weight_decay, eps=1e-8,
+                                               fused=self.device.type == "cuda")
             engine_kw: dict[str, Any] = {"device": self.device}
             if cfg.engine == "hf":
                 engine_kw.update(max_batch_size=cfg.generation_batch_size,
@@ -215,14 +217,34 @@ class Trainer:
         seqs = [Sequence(prompt_ids[gen.prompt_index[k]], list(gen.token_ids[k])) for k in range(len(gen.texts))]
         return {"indices": indices, "gen": gen, "rewards": rewards, "seqs": seqs}
 
+    @property
+    def packed(self) -> bool:
+        """Whether the trainer runs the packed path (``cfg.trainer_path``; auto: where the model allows)."""
+        if not hasattr(self, "_packed"):
+            path = self.cfg.trainer_path
+            if path == "packed" and not supports_packed(self.model):
+                raise ValueError(f"trainer_path=packed does not support {type(self.model).__name__}; use auto or padded.")
+            self._packed = path == "packed" or (path == "auto" and supports_packed(self.model))
+        return self._packed
+
     def _micro_batches(self, idx: list[int], seqs: list[Sequence]) -> list[list[int]]:
         cfg = self.cfg
+        if self.packed and cfg.micro_batch_size is None:
+            if not hasattr(self, "_token_budget"):
+                self._token_budget = cfg.packed_tokens_per_micro_batch or (
+                    memory_token_budget(self.model, self.device) if self.device.type == "cuda"
+                    else cfg.max_tokens_per_micro_batch)
+            local = token_budget_micro_batches([len(seqs[i]) for i in idx], self._token_budget)
+            return [[idx[j] for j in mb] for mb in local]
         local = pack_micro_batches([len(seqs[i]) for i in idx], cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
         return [[idx[j] for j in mb] for mb in local]
 
     @torch.no_grad()
     def _score(self, model: torch.nn.Module, seqs: list[Sequence]) -> list[torch.Tensor]:
         """Per-response token log-probs ([len_i] each) under ``model``, without gradients."""
+        if self.packed:
+            return score_packed(model, seqs, self._micro_batches(list(range(len(seqs))), seqs), self.device,
+                                self.cfg.temperature, self._autocast)
         out: list[torch.Tensor | None] = [None] * len(seqs)
         for mb_idx in self._micro_batches(list(range(len(seqs))), seqs):
             mb = collate([seqs[i] for i in mb_idx], self.pad_id, self.device)
@@ -261,6 +283,12 @@ class Trainer:
         taken from this step's own forward pass (detached) and stored back."""
         cfg = self.cfg
         self.optimizer.zero_grad(set_to_none=True)
+        if self.packed:
+            out = update_packed(self.model, seqs, idx, self._micro_batches(idx, seqs), adv, old_logp, ref_logp, cfg,
+                                self.device, self._autocast)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
+            self.optimizer.step()
+            return out | {"grad_norm": grad_norm}
         update_tokens = float(sum(len(seqs[i].response_ids) for i in idx))
         totals = {"tokens": 0.0, "clipped_low": 0.0, "clipped_high": 0.0, "ratio_sum": 0.0, "approx_kl_sum": 0.0}
         loss_total, ratio_max = 0.0, 0.0
