@@ -61,8 +61,9 @@ class RunConfig:
     max_tokens_per_micro_batch: int | None = field(default=8192, metadata={"help": "Token budget per micro-batch (packing)."})
     trainer_path: str = field(default="auto", metadata={
         "help": "Trainer forward/backward: packed (sequences back to back, no padding, variable-length attention, "
-                "chunked log-prob head), padded (right-padded micro-batches), or auto: packed where the model "
-                "supports it. Same loss and gradients up to rounding."})
+                "chunked log-prob head), packed-compiled (the same through torch.compile on CUDA), padded "
+                "(right-padded micro-batches), or auto: packed where the model supports it. Same loss and "
+                "gradients up to rounding."})
     packed_tokens_per_micro_batch: int | None = field(default=None, metadata={
         "help": "Token budget of a packed micro-batch; None: sized to free GPU memory on CUDA, "
                 "max_tokens_per_micro_batch elsewhere."})
@@ -137,8 +138,8 @@ class RunConfig:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}.")
         if self.fast_rollout not in ("auto", "on", "off", "fused"):
             raise ValueError(f"fast_rollout must be auto, on, off or fused, got {self.fast_rollout!r}.")
-        if self.trainer_path not in ("auto", "packed", "padded"):
-            raise ValueError(f"trainer_path must be auto, packed or padded, got {self.trainer_path!r}.")
+        if self.trainer_path not in ("auto", "packed", "packed-compiled", "padded"):
+            raise ValueError(f"trainer_path must be auto, packed, packed-compiled or padded, got {self.trainer_path!r}.")
         if self.phase not in PHASES:
             raise ValueError(f"phase must be one of {PHASES}, got {self.phase!r}.")
         if self.micro_batch_size is not None and self.max_tokens_per_micro_batch is not None:

@@ -34,8 +34,12 @@ def supports_packed(model: torch.nn.Module) -> bool:
     cfg = model.config
     if getattr(cfg, "model_type", None) not in PACKED_MODEL_TYPES or getattr(cfg, "use_sliding_window", False):
         return False
+    if getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "mlp_bias", False):
+        return False
     layer = model.base_model.layers[0]
     attn = layer.self_attn
+    if not hasattr(layer.input_layernorm, "variance_epsilon"):
+        return False
     return all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")) and not hasattr(attn, "q_norm")
 
 
@@ -125,70 +129,149 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def _varlen_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pb: PackedBatch, scale: float) -> torch.Tensor:
-    """Causal flash attention per sequence: q [N, H, D], k/v [N, H, D] (heads already repeated)."""
+def _varlen_cuda_fn():
+    """Causal variable-length flash attention, fn(q, k, v, cu_seqlens, max_len, scale) with q/k/v [N, H, D]
+    (heads already repeated): torch.nn.attention.varlen where this torch has it, else the aten op."""
+    if "varlen" in _COMPILED:
+        return _COMPILED["varlen"]
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         varlen_attn = None
     if varlen_attn is not None:
         params = inspect.signature(varlen_attn).parameters
-        kw = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
-        if "scale" in params:
-            kw["scale"] = scale
-        return varlen_attn(q, k, v, pb.cu_seqlens, pb.cu_seqlens, pb.max_len, pb.max_len, **kw)
-    out = torch.ops.aten._flash_attention_forward(q, k, v, pb.cu_seqlens, pb.cu_seqlens, pb.max_len, pb.max_len,
-                                                  0.0, True, False, scale=scale)
-    return out[0]
+        causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+
+        def fn(q, k, v, cu, max_len, scale):
+            return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, **causal)
+    else:
+        def fn(q, k, v, cu, max_len, scale):
+            return torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, max_len, max_len, 0.0, True, False,
+                                                           scale=scale)[0]
+    _COMPILED["varlen"] = fn
+    return fn
 
 
-def _per_sequence_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pb: PackedBatch, scale: float) -> torch.Tensor:
+def _per_sequence_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int],
+                       scale: float) -> torch.Tensor:
     """Reference and CPU path: one causal SDPA call per sequence. q/k/v [N, H, D] -> [N, H, D]."""
     outs = []
-    for qs, ks, vs in zip(q.split(pb.lengths), k.split(pb.lengths), v.split(pb.lengths)):
+    for qs, ks, vs in zip(q.split(lengths), k.split(lengths), v.split(lengths)):
         o = F.scaled_dot_product_attention(qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1),
                                            is_causal=True, scale=scale)  # [H, L, D]
         outs.append(o.transpose(0, 1))
     return torch.cat(outs)
 
 
-def packed_hidden_states(model: torch.nn.Module, pb: PackedBatch) -> torch.Tensor:
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """LlamaRMSNorm: float32 statistics, result in x's dtype times the weight."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(x, weight, bias)
+
+
+def _decoder_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor, max_len: int,
+                   w: tuple, eps: float, n_heads: int, n_kv: int, head_dim: int, attend) -> torch.Tensor:
+    """One llama decoder layer over a packed row: x [N, H_model] -> [N, H_model].
+
+    ``w`` holds the layer's tensors (input norm, q/k/v/o weights and biases, post norm,
+    gate/up/down) so that one compiled graph serves every layer.
+    """
+    ln1, wq, bq, wk, bk, wv, bv, wo, bo, ln2, wg, wu, wd = w
+    n = x.size(0)
+    h = _rms_norm(x, ln1, eps)
+    q = _linear(h, wq, bq).view(n, n_heads, head_dim)  # [N, Hq, D]
+    k = _linear(h, wk, bk).view(n, n_kv, head_dim)  # [N, Hkv, D]
+    v = _linear(h, wv, bv).view(n, n_kv, head_dim)  # [N, Hkv, D]
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    if n_kv != n_heads:
+        k = k.repeat_interleave(n_heads // n_kv, dim=1)  # [N, Hq, D]
+        v = v.repeat_interleave(n_heads // n_kv, dim=1)
+    if torch.is_autocast_enabled(q.device.type):  # SDPA under autocast runs in the low-precision dtype too
+        low = torch.get_autocast_dtype(q.device.type)
+        q, k, v = q.to(low), k.to(low), v.to(low)
+    o = attend(q, k, v, cu_seqlens, max_len, head_dim ** -0.5).reshape(n, n_heads * head_dim)  # [N, Hq*D]
+    x = x + _linear(o, wo, bo)
+    h = _rms_norm(x, ln2, eps)
+    return x + _linear(F.silu(_linear(h, wg, None)) * _linear(h, wu, None), wd, None)
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def _compiled_layer():
+    if "layer" not in _COMPILED:
+        _COMPILED["layer"] = torch.compile(_decoder_layer, dynamic=True)
+    return _COMPILED["layer"]
+
+
+def _layer_tensors(layer: torch.nn.Module) -> tuple:
+    a, m = layer.self_attn, layer.mlp
+    return (layer.input_layernorm.weight, a.q_proj.weight, a.q_proj.bias, a.k_proj.weight, a.k_proj.bias,
+            a.v_proj.weight, a.v_proj.bias, a.o_proj.weight, a.o_proj.bias, layer.post_attention_layernorm.weight,
+            m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight)
+
+
+def packed_hidden_states(model: torch.nn.Module, pb: PackedBatch, compile: bool = False) -> torch.Tensor:
     """Final-norm hidden states [N, H_model] of a llama-style decoder over a packed batch.
 
-    Runs the model's own modules (embedding, norms, projections, MLP, rotary table) and
-    replaces only the attention call by the variable-length one.
+    Uses the model's own parameters and rotary table; the layer arithmetic is LlamaDecoderLayer's
+    with the attention call replaced by the variable-length one. ``compile`` runs the layer
+    through torch.compile (one graph, dynamic in N, shared by all layers; CUDA only).
     """
     base = model.base_model
     cfg = model.config
     n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
-    scale = head_dim ** -0.5
-    attend = _varlen_cuda if pb.input_ids.is_cuda else _per_sequence_sdpa
-    x = base.embed_tokens(pb.input_ids)[None]  # [1, N, H_model]
-    cos, sin = base.rotary_emb(x, pb.position_ids[None])  # [1, N, D] each
+    if pb.input_ids.is_cuda:
+        attend = _varlen_cuda_fn()
+    else:
+        lengths = pb.lengths
+
+        def attend(q, k, v, cu, max_len, scale):
+            return _per_sequence_sdpa(q, k, v, lengths, scale)
+    layer_fn = _compiled_layer() if compile and pb.input_ids.is_cuda else _decoder_layer
+    x = base.embed_tokens(pb.input_ids)  # [N, H_model]
+    cos, sin = base.rotary_emb(x[None], pb.position_ids[None])  # [1, N, D] each
     cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [N, 1, D]
-    n = pb.input_ids.numel()
+    eps = base.layers[0].input_layernorm.variance_epsilon
     for layer in base.layers:
-        attn = layer.self_attn
-        h = layer.input_layernorm(x)  # [1, N, H_model]
-        q = attn.q_proj(h).view(n, n_heads, head_dim)  # [N, Hq, D]
-        k = attn.k_proj(h).view(n, n_kv, head_dim)  # [N, Hkv, D]
-        v = attn.v_proj(h).view(n, n_kv, head_dim)  # [N, Hkv, D]
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        if n_kv != n_heads:
-            k = k.repeat_interleave(n_heads // n_kv, dim=1)  # [N, Hq, D]
-            v = v.repeat_interleave(n_heads // n_kv, dim=1)
-        if torch.is_autocast_enabled(q.device.type):  # SDPA under autocast runs in the low-precision dtype too
-            low = torch.get_autocast_dtype(q.device.type)
-            q, k, v = q.to(low), k.to(low), v.to(low)
-        o = attend(q, k, v, pb, scale).reshape(1, n, n_heads * head_dim)  # [1, N, Hq*D]
-        x = x + attn.o_proj(o)
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return base.norm(x)[0]  # [N, H_model]
+        x = layer_fn(x, cos, sin, pb.cu_seqlens, pb.max_len, _layer_tensors(layer), eps, n_heads, n_kv, head_dim, attend)
+    return _rms_norm(x, base.norm.weight, base.norm.variance_epsilon)  # [N, H_model]
 
 
 # ----------------------------------------------------------------------------- log-probs
+def _head_forward(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, temperature: float):
+    """One chunk: h [c, H] (compute dtype), w [V, H] -> (target log-prob [c], log-sum-exp [c]) in float32."""
+    z = (h @ w.t()).float() / temperature  # [c, V]
+    lse = torch.logsumexp(z, dim=-1)  # [c]
+    return z.gather(1, targets[:, None])[:, 0] - lse, lse
+
+
+def _head_backward(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
+                   temperature: float) -> torch.Tensor:
+    """Gradient of sum(g * logp) w.r.t. one chunk's raw logits: [c, V] in the compute dtype.
+
+    d logp / d z = onehot(target) - softmax(z), times 1/T for the raw logits."""
+    z = (h @ w.t()).float() / temperature  # [c, V]
+    dz = torch.exp(z - lse[:, None]) * (-g[:, None])  # [c, V]
+    dz = dz.scatter_add(1, targets[:, None], g[:, None])
+    return (dz / temperature).to(h.dtype)
+
+
+def _head_fns(compile: bool):
+    if not compile:
+        return _head_forward, _head_backward
+    if "head" not in _COMPILED:
+        _COMPILED["head"] = (torch.compile(_head_forward, dynamic=True), torch.compile(_head_backward, dynamic=True))
+    return _COMPILED["head"]
+
+
 class _ChunkedTargetLogprob(torch.autograd.Function):
     """log softmax(h W^T / T)[target] for rows of h, a chunk of rows at a time.
 
@@ -198,66 +281,60 @@ class _ChunkedTargetLogprob(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature: float, chunk: int, dtype: torch.dtype):
+    def forward(ctx, hidden, weight, targets, temperature: float, chunk: int, dtype: torch.dtype, compile: bool):
+        fwd, _ = _head_fns(compile)
         w = weight.to(dtype)
-        out = torch.empty(hidden.size(0), dtype=torch.float32, device=hidden.device)  # [n]
-        lse = torch.empty_like(out)
+        outs, lses = [], []
         for s in range(0, hidden.size(0), chunk):
-            z = (hidden[s:s + chunk].to(dtype) @ w.t()).float()  # [c, V]
-            if temperature != 1.0:
-                z = z / temperature
-            lse[s:s + chunk] = torch.logsumexp(z, dim=-1)
-            out[s:s + chunk] = z.gather(1, targets[s:s + chunk, None])[:, 0] - lse[s:s + chunk]
+            o, lse = fwd(hidden[s:s + chunk].to(dtype), w, targets[s:s + chunk], temperature)
+            outs.append(o)
+            lses.append(lse)
+        out = torch.cat(outs) if outs else hidden.new_zeros(0, dtype=torch.float32)  # [n]
+        lse = torch.cat(lses) if lses else out
         ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.temperature, ctx.chunk, ctx.dtype = temperature, chunk, dtype
+        ctx.temperature, ctx.chunk, ctx.dtype, ctx.compile = temperature, chunk, dtype, compile
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         hidden, weight, targets, lse = ctx.saved_tensors
-        t, chunk, dtype = ctx.temperature, ctx.chunk, ctx.dtype
+        _, bwd = _head_fns(ctx.compile)
+        chunk, dtype = ctx.chunk, ctx.dtype
         w = weight.to(dtype)
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        grad_out = grad_out.float()
         for s in range(0, hidden.size(0), chunk):
             h = hidden[s:s + chunk].to(dtype)  # [c, H]
-            z = (h @ w.t()).float()  # [c, V]
-            if t != 1.0:
-                z = z / t
-            g = grad_out[s:s + chunk, None]  # [c, 1]
-            # d logp / d z = onehot(target) - softmax(z); the 1/T factor follows the chain rule.
-            dz = torch.exp(z - lse[s:s + chunk, None]).mul_(-g)  # [c, V]
-            dz.scatter_add_(1, targets[s:s + chunk, None], g)
-            if t != 1.0:
-                dz = dz / t
-            dz = dz.to(dtype)
+            dz = bwd(h, w, targets[s:s + chunk], lse[s:s + chunk], grad_out[s:s + chunk], ctx.temperature)  # [c, V]
             if grad_h is not None:
                 grad_h[s:s + chunk] = (dz @ w).to(hidden.dtype)
             if grad_w is not None:
                 grad_w += (dz.t() @ h).float()  # [V, H]
-        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None, None
+        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None, None, None
 
 
 def chunked_target_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                            temperature: float = 1.0, chunk: int = 8192) -> torch.Tensor:
+                            temperature: float = 1.0, chunk: int = 8192, compile: bool = False) -> torch.Tensor:
     """Log-probs of ``targets`` [n] under logits ``hidden [n, H] @ weight [V, H]^T / temperature``: [n] float32.
 
     Peak extra memory is one [chunk, V] float32 block instead of [n, V].
     """
     dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) else hidden.dtype
     with torch.autocast(hidden.device.type, enabled=False):
-        return _ChunkedTargetLogprob.apply(hidden, weight, targets, float(temperature), int(chunk), dtype)
+        return _ChunkedTargetLogprob.apply(hidden, weight, targets, float(temperature), int(chunk), dtype,
+                                           compile and hidden.is_cuda)
 
 
 def packed_token_logprobs(model: torch.nn.Module, pb: PackedBatch, temperature: float = 1.0,
-                          chunk: int = 8192) -> torch.Tensor:
+                          chunk: int = 8192, compile: bool = False) -> torch.Tensor:
     """Log-probs of every response token of a packed batch: [Nr] float32, sequence after sequence."""
-    hidden = packed_hidden_states(model, pb)  # [N, H_model]
+    hidden = packed_hidden_states(model, pb, compile)  # [N, H_model]
     h = hidden.index_select(0, pb.predict_index)  # [Nr, H_model]
     head = model.get_output_embeddings()
     if getattr(head, "bias", None) is not None:
         raise ValueError("packed log-probs assume an output projection without bias; use trainer_path=padded.")
-    return chunked_target_logprobs(h, head.weight, pb.targets, temperature, chunk)
+    return chunked_target_logprobs(h, head.weight, pb.targets, temperature, chunk, compile)
 
 
 # ----------------------------------------------------------------------------- loss
@@ -315,7 +392,7 @@ def merge_stats(total: torch.Tensor | None, stats: torch.Tensor) -> torch.Tensor
 
 # ----------------------------------------------------------------------------- trainer steps
 def score_packed(model: torch.nn.Module, seqs: list[Sequence], micro: list[list[int]], device: torch.device,
-                 temperature: float, autocast) -> list[torch.Tensor]:
+                 temperature: float, autocast, compile: bool = False) -> list[torch.Tensor]:
     """Per-response token log-probs ([len_i] float32 on the host, as ``Trainer._score``), one
     device-to-host copy for the whole pass."""
     outs = []
@@ -323,7 +400,7 @@ def score_packed(model: torch.nn.Module, seqs: list[Sequence], micro: list[list[
         for mb_idx in micro:
             pb = pack([seqs[i] for i in mb_idx], device)
             with autocast():
-                outs.append(packed_token_logprobs(model, pb, temperature))  # [Nr_mb]
+                outs.append(packed_token_logprobs(model, pb, temperature, compile=compile))  # [Nr_mb]
     order = [i for mb in micro for i in mb]
     pieces = torch.cat(outs).cpu().split([len(seqs[i].response_ids) for i in order])
     out: list[torch.Tensor | None] = [None] * len(seqs)
@@ -334,7 +411,7 @@ def score_packed(model: torch.nn.Module, seqs: list[Sequence], micro: list[list[
 
 def update_packed(model: torch.nn.Module, seqs: list[Sequence], idx: list[int], micro: list[list[int]],
                   adv: torch.Tensor, old_logp: list, ref_logp: list | None, cfg, device: torch.device,
-                  autocast) -> dict:
+                  autocast, compile: bool = False) -> dict:
     """Forward, loss and backward of one update's responses ``idx`` over packed micro-batches
     (gradients accumulate; the caller clips and steps). ``cfg`` supplies clip_low, clip_high,
     loss_aggregation, kl_coef and temperature. Entries of ``old_logp`` that are None are taken
@@ -345,7 +422,7 @@ def update_packed(model: torch.nn.Module, seqs: list[Sequence], idx: list[int], 
     for mb_idx in micro:
         pb = pack([seqs[i] for i in mb_idx], device)
         with autocast():
-            logp = packed_token_logprobs(model, pb, cfg.temperature)  # [Nr]
+            logp = packed_token_logprobs(model, pb, cfg.temperature, compile=compile)  # [Nr]
         if any(old_logp[i] is None for i in mb_idx):
             for i, piece in zip(mb_idx, logp.detach().cpu().split(pb.response_split)):
                 old_logp[i] = piece if old_logp[i] is None else old_logp[i]

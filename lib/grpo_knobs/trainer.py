@@ -222,9 +222,9 @@ class Trainer:
         """Whether the trainer runs the packed path (``cfg.trainer_path``; auto: where the model allows)."""
         if not hasattr(self, "_packed"):
             path = self.cfg.trainer_path
-            if path == "packed" and not supports_packed(self.model):
+            if path in ("packed", "packed-compiled") and not supports_packed(self.model):
                 raise ValueError(f"trainer_path=packed does not support {type(self.model).__name__}; use auto or padded.")
-            self._packed = path == "packed" or (path == "auto" and supports_packed(self.model))
+            self._packed = path in ("packed", "packed-compiled") or (path == "auto" and supports_packed(self.model))
         return self._packed
 
     def _micro_batches(self, idx: list[int], seqs: list[Sequence]) -> list[list[int]]:
@@ -244,7 +244,7 @@ class Trainer:
         """Per-response token log-probs ([len_i] each) under ``model``, without gradients."""
         if self.packed:
             return score_packed(model, seqs, self._micro_batches(list(range(len(seqs))), seqs), self.device,
-                                self.cfg.temperature, self._autocast)
+                                self.cfg.temperature, self._autocast, self.cfg.trainer_path == "packed-compiled")
         out: list[torch.Tensor | None] = [None] * len(seqs)
         for mb_idx in self._micro_batches(list(range(len(seqs))), seqs):
             mb = collate([seqs[i] for i in mb_idx], self.pad_id, self.device)
@@ -285,7 +285,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.packed:
             out = update_packed(self.model, seqs, idx, self._micro_batches(idx, seqs), adv, old_logp, ref_logp, cfg,
-                                self.device, self._autocast)
+                                self.device, self._autocast, cfg.trainer_path == "packed-compiled")
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
             self.optimizer.step()
             return out | {"grad_norm": grad_norm}
