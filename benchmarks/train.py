@@ -115,8 +115,8 @@ def bench_padded(model, seqs, budget: int, device: torch.device, repeats: int) -
             with _autocast(device):
                 logp = token_logprobs(model, mb)  # [m, R]
             terms = clipped_surrogate_loss(logp, logp.detach(), adv[idx].to(device), mb.response_mask, clip_low=0.2,
-                                           clip_high=0.28, aggregation="sequence-mean", update_responses=len(seqs),
-                                           update_tokens=resp_tokens)
+                                           clip_high=0.28, aggregation="sequence-mean", global_batch_size=len(seqs),
+                                           global_batch_tokens=resp_tokens)
             terms.loss.backward()
 
     scored: list[torch.Tensor] = [torch.empty(0)] * len(seqs)

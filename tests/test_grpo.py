@@ -45,11 +45,11 @@ def test_clip_is_asymmetric():
     # ratios 0.5, 0.9, 1.2, 1.5 against positive advantage: only the high side can clip (> 1.28)
     logp = torch.log(torch.tensor([[0.5, 0.9, 1.2, 1.5]]))
     t = clipped_surrogate_loss(logp, old, torch.tensor([1.0]), mask, clip_low=0.2, clip_high=0.28,
-                               aggregation="sequence-mean", update_responses=1, update_tokens=4)
+                               aggregation="sequence-mean", global_batch_size=1, global_batch_tokens=4)
     assert t.clipped_high == 1 and t.clipped_low == 0
     assert t.loss.item() == pytest.approx(-(0.5 + 0.9 + 1.2 + 1.28) / 4)
     t = clipped_surrogate_loss(logp, old, torch.tensor([-1.0]), mask, clip_low=0.2, clip_high=0.28,
-                               aggregation="sequence-mean", update_responses=1, update_tokens=4)
+                               aggregation="sequence-mean", global_batch_size=1, global_batch_tokens=4)
     assert t.clipped_low == 1 and t.clipped_high == 0  # 0.5 < 0.8 with negative advantage
     assert t.loss.item() == pytest.approx((0.8 + 0.9 + 1.2 + 1.5) / 4)
 
@@ -59,9 +59,9 @@ def test_sequence_mean_and_token_mean_differ_as_defined():
     mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
     adv = torch.tensor([1.0, 1.0])
     seq = clipped_surrogate_loss(logp, torch.zeros(2, 3), adv, mask, clip_low=0.2, clip_high=0.28,
-                                 aggregation="sequence-mean", update_responses=2, update_tokens=4)
+                                 aggregation="sequence-mean", global_batch_size=2, global_batch_tokens=4)
     tok = clipped_surrogate_loss(logp, torch.zeros(2, 3), adv, mask, clip_low=0.2, clip_high=0.28,
-                                 aggregation="token-mean", update_responses=2, update_tokens=4)
+                                 aggregation="token-mean", global_batch_size=2, global_batch_tokens=4)
     seq_grad = torch.autograd.grad(seq.loss, logp)[0]
     tok_grad = torch.autograd.grad(tok.loss, logp)[0]
     assert seq_grad[0, 0].item() == pytest.approx(-0.5) and seq_grad[1, 0].item() == pytest.approx(-1 / 6)
@@ -71,7 +71,7 @@ def test_sequence_mean_and_token_mean_differ_as_defined():
 
 def test_k3_kl_penalty_is_zero_at_reference_and_positive_elsewhere():
     logp = torch.tensor([[-1.0, -2.0]])
-    kw = dict(clip_low=0.2, clip_high=0.28, aggregation="token-mean", update_responses=1, update_tokens=2)
+    kw = dict(clip_low=0.2, clip_high=0.28, aggregation="token-mean", global_batch_size=1, global_batch_tokens=2)
     same = clipped_surrogate_loss(logp, logp, torch.tensor([0.0]), torch.ones(1, 2), ref_logp=logp, kl_coef=0.1, **kw)
     diff = clipped_surrogate_loss(logp, logp, torch.tensor([0.0]), torch.ones(1, 2), ref_logp=logp - 0.5, kl_coef=0.1, **kw)
     assert same.loss.item() == pytest.approx(0.0) and diff.loss.item() > 0
@@ -117,7 +117,7 @@ def _update_grads(model, seqs, groups, aggregation):
         r = mb.response_ids.size(1)
         old_mb = torch.stack([torch.nn.functional.pad(old[i, :len(seqs[i].response_ids)], (0, r - len(seqs[i].response_ids))) for i in idx])
         t = clipped_surrogate_loss(token_logprobs(model, mb), old_mb, adv[idx], mb.response_mask, clip_low=0.2,
-                                   clip_high=0.28, aggregation=aggregation, update_responses=len(seqs), update_tokens=n_tokens)
+                                   clip_high=0.28, aggregation=aggregation, global_batch_size=len(seqs), global_batch_tokens=n_tokens)
         t.loss.backward()
     return torch.cat([p.grad.flatten() for p in model.parameters()])
 

@@ -97,7 +97,7 @@ def _padded_update(model, seqs, adv, old, aggregation, n_tokens):
     logp = token_logprobs(model, mb)  # [m, R]
     old_mb = torch.stack([torch.nn.functional.pad(o, (0, r - o.numel())) for o in old])
     t = clipped_surrogate_loss(logp, old_mb, adv, mb.response_mask, clip_low=0.2, clip_high=0.28,
-                               aggregation=aggregation, update_responses=len(seqs), update_tokens=n_tokens)
+                               aggregation=aggregation, global_batch_size=len(seqs), global_batch_tokens=n_tokens)
     return logp, t
 
 
@@ -121,8 +121,8 @@ def _compare(model, seqs, aggregation, logp_atol, rel):
         pb = pack([seqs[i] for i in idx])
         logp = packed_token_logprobs(model, pb)  # [Nr]
         loss, st = packed_surrogate_loss(logp, torch.cat([old[i] for i in idx]), adv[idx], pb, clip_low=0.2,
-                                         clip_high=0.28, aggregation=aggregation, update_responses=len(seqs),
-                                         update_tokens=n_tokens)
+                                         clip_high=0.28, aggregation=aggregation, global_batch_size=len(seqs),
+                                         global_batch_tokens=n_tokens)
         loss.backward()
         loss_packed += float(loss.detach())
         stats = merge_stats(stats, st)
@@ -182,3 +182,69 @@ def test_trainer_packed_and_padded_paths_agree(tmp_path, extra):
         assert a["tokens"] == b["tokens"]
         for k in ("loss", "grad_norm", "ratio_mean", "approx_kl", "clip_fraction"):
             assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: variable-length flash attention and bf16")
+@pytest.mark.parametrize("compile", [False, True])
+def test_packed_matches_padded_on_cuda_in_bf16(compile):
+    """On the GPU (bf16 autocast, flash varlen attention) both paths round differently, so each is held
+    against the padded path in float32: the packed path's log-prob error and gradient-norm error must stay
+    within 1.5x the padded bf16 path's own error (plus 1e-3), i.e. no worse than today's trainer."""
+    from grpo_knobs.models import load_model
+    from grpo_knobs.packing import score_packed, update_packed
+
+    model, tok, _ = load_model("smollm2-135m-instruct", device="cuda", dtype=torch.float32)
+    model.eval()
+    seqs = _sequences(n=24, seed=4, vocab=len(tok))
+    seqs = [Sequence(s.prompt_ids * 8, s.response_ids * 12) for s in seqs]  # run-like lengths (16-96 + 12-132)
+    dev = torch.device("cuda")
+    adv = torch.linspace(-1.0, 1.0, len(seqs))
+
+    def autocast():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+
+    def fp32():
+        return torch.autocast("cuda", enabled=False)
+
+    def padded(ctx):
+        with torch.no_grad(), ctx():
+            lp = token_logprobs(model, collate(seqs, 0, dev)).float().cpu()
+        return [lp[i, :len(s.response_ids)] for i, s in enumerate(seqs)]
+
+    def padded_grad_norm(ctx, old):
+        model.zero_grad()
+        _, t = _padded_update_cuda(model, seqs, adv, old, dev, ctx)
+        t.loss.backward()
+        return float(t.loss.detach()), float(torch.cat([p.grad.flatten() for p in model.parameters()]).norm())
+
+    ref, pad = padded(fp32), padded(autocast)
+    micro = token_budget_micro_batches([len(s) for s in seqs], 1500)
+    assert len(micro) > 1
+    got = score_packed(model, seqs, micro, dev, 1.0, autocast, compile)
+
+    def err(x):
+        return float(torch.cat([a - b for a, b in zip(x, ref)]).abs().mean())
+    assert err(got) <= 1.5 * err(pad) + 1e-3, (err(got), err(pad))
+
+    old = [r + 0.1 for r in ref]
+    loss32, g32 = padded_grad_norm(fp32, old)
+    loss16, g16 = padded_grad_norm(autocast, old)
+    model.zero_grad()
+    cfg = type("C", (), dict(clip_low=0.2, clip_high=0.28, loss_aggregation="sequence-mean", kl_coef=0.0,
+                             temperature=1.0))
+    out = update_packed(model, seqs, list(range(len(seqs))), micro, adv, old, None, cfg, dev, autocast, compile)
+    g_packed = float(torch.cat([p.grad.flatten() for p in model.parameters()]).norm())
+    assert abs(out["loss"] - loss32) <= 1.5 * abs(loss16 - loss32) + 1e-3 * abs(loss32) + 1e-6
+    assert abs(g_packed - g32) <= 1.5 * abs(g16 - g32) + 1e-2 * g32, (g_packed, g16, g32)
+
+
+def _padded_update_cuda(model, seqs, adv, old, dev, ctx):
+    mb = collate(seqs, 0, dev)
+    r = mb.response_ids.size(1)
+    with ctx():
+        logp = token_logprobs(model, mb)  # [m, R]
+    old_mb = torch.stack([torch.nn.functional.pad(o, (0, r - o.numel())) for o in old]).to(dev)
+    t = clipped_surrogate_loss(logp, old_mb, adv.to(dev), mb.response_mask, clip_low=0.2, clip_high=0.28,
+                               aggregation="sequence-mean", global_batch_size=len(seqs),
+                               global_batch_tokens=float(sum(len(s.response_ids) for s in seqs)))
+    return logp, t

@@ -139,15 +139,15 @@ class LossTerms:
 
 def clipped_surrogate_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                            mask: torch.Tensor, *, clip_low: float, clip_high: float,
-                           aggregation: str, update_responses: int, update_tokens: float,
+                           aggregation: str, global_batch_size: int, global_batch_tokens: float,
                            ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0) -> LossTerms:
     """PPO clipped surrogate for one micro-batch, scaled as a share of the update loss.
 
     Args:
         logp, old_logp, mask: [m, R]; advantages: [m].
         aggregation: "sequence-mean" (each response's token mean, then the mean over the
-            update's ``update_responses``) or "token-mean" (sum over the update's
-            ``update_tokens``).
+            update's ``global_batch_size`` (B)) or "token-mean" (sum over the update's
+            ``global_batch_tokens``).
     """
     log_ratio = logp - old_logp  # [m, R]
     ratio = torch.exp(log_ratio)  # [m, R]
@@ -165,9 +165,9 @@ def clipped_surrogate_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantage
     per_token = per_token * mask
     if aggregation == "sequence-mean":
         lengths = mask.sum(-1).clamp(min=1.0)  # [m]
-        loss = (per_token.sum(-1) / lengths).sum() / update_responses
+        loss = (per_token.sum(-1) / lengths).sum() / global_batch_size
     elif aggregation == "token-mean":
-        loss = per_token.sum() / update_tokens
+        loss = per_token.sum() / global_batch_tokens
     else:
         raise ValueError(f"Unknown loss aggregation {aggregation!r}.")
     with torch.no_grad():

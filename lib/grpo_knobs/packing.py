@@ -339,8 +339,8 @@ def packed_token_logprobs(model: torch.nn.Module, pb: PackedBatch, temperature: 
 
 # ----------------------------------------------------------------------------- loss
 def packed_surrogate_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, pb: PackedBatch, *,
-                          clip_low: float, clip_high: float, aggregation: str, update_responses: int,
-                          update_tokens: float, ref_logp: torch.Tensor | None = None,
+                          clip_low: float, clip_high: float, aggregation: str, global_batch_size: int,
+                          global_batch_tokens: float, ref_logp: torch.Tensor | None = None,
                           kl_coef: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """``grpo.clipped_surrogate_loss`` over flat response tokens.
 
@@ -364,9 +364,9 @@ def packed_surrogate_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages
         kl_pen = torch.exp(d) - d - 1.0  # k3 estimator, >= 0
         per_token = per_token + kl_coef * kl_pen
     if aggregation == "sequence-mean":
-        loss = (per_token / pb.response_lengths.clamp(min=1.0)[pb.segment]).sum() / update_responses
+        loss = (per_token / pb.response_lengths.clamp(min=1.0)[pb.segment]).sum() / global_batch_size
     elif aggregation == "token-mean":
-        loss = per_token.sum() / update_tokens
+        loss = per_token.sum() / global_batch_tokens
     else:
         raise ValueError(f"Unknown loss aggregation {aggregation!r}.")
     with torch.no_grad():
@@ -430,8 +430,8 @@ def update_packed(model: torch.nn.Module, seqs: list[Sequence], idx: list[int], 
         ref = torch.cat([ref_logp[i] for i in mb_idx]).to(device, non_blocking=True) if ref_logp is not None else None
         loss, st = packed_surrogate_loss(
             logp, old, adv[mb_idx].to(device, non_blocking=True), pb, clip_low=cfg.clip_low,
-            clip_high=cfg.clip_high, aggregation=cfg.loss_aggregation, update_responses=len(idx),
-            update_tokens=update_tokens, ref_logp=ref, kl_coef=cfg.kl_coef)
+            clip_high=cfg.clip_high, aggregation=cfg.loss_aggregation, global_batch_size=len(idx),
+            global_batch_tokens=update_tokens, ref_logp=ref, kl_coef=cfg.kl_coef)
         loss.backward()
         loss_total += loss.detach()
         stats = merge_stats(stats, st)

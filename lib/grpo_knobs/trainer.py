@@ -304,7 +304,7 @@ class Trainer:
             terms = clipped_surrogate_loss(
                 logp, _stack_padded([old_logp[i] for i in mb_idx], r, self.device), adv[mb_idx].to(self.device), mb.response_mask,
                 clip_low=cfg.clip_low, clip_high=cfg.clip_high, aggregation=cfg.loss_aggregation,
-                update_responses=len(idx), update_tokens=update_tokens,
+                global_batch_size=len(idx), global_batch_tokens=update_tokens,
                 ref_logp=_stack_padded([ref_logp[i] for i in mb_idx], r, self.device) if ref_logp is not None else None, kl_coef=cfg.kl_coef)
             terms.loss.backward()
             loss_total += float(terms.loss.detach())
