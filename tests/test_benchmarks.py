@@ -37,18 +37,37 @@ def test_train_benchmark_cpu(tmp_path):
     out = tmp_path / "train-cpu.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.train", "--model", "tiny-random", "--budgets", "64,256",
-                           "--responses", "8", "--prompt-len", "8", "--response-len", "16", "--repeats", "1",
-                           "--device", "cpu", "--out", str(out)],
+                           "--packed-budgets", "64,256", "--responses", "8", "--prompt-len", "8", "--response-len", "16",
+                           "--repeats", "1", "--device", "cpu", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())
-    assert [r["max_tokens_per_micro_batch"] for r in rows] == [64, 256]
+    assert [(r["path"], r["max_tokens_per_micro_batch"]) for r in rows] == [
+        ("padded", 64), ("padded", 256), ("packed", 64), ("packed", 256)]
     assert rows[0]["micro_batches"] > rows[1]["micro_batches"]  # a smaller budget packs more micro-batches
     for r in rows:
         assert r["gpu"] == "cpu" and r["model"] == "tiny-random" and r["responses"] == 8 and r["mfu"] is None
-        assert r["tokens"] <= r["padded_tokens"]
+        assert r["tokens"] <= r["padded_tokens"] and r["source"] == "synthetic"
         assert r["seconds_per_update"] > 0 and r["seconds_per_scoring"] > 0 and r["tokens_per_s"] > 0
         assert r["scoring_plus_update_over_update"] == (r["seconds_per_scoring"] + r["seconds_per_update"]) / r["seconds_per_update"]
+        assert r["logprob_max_abs_diff_vs_first"] < 1e-4  # float32 on CPU: both paths score the same log-probs
+    packed = [r for r in rows if r["path"] == "packed"]
+    assert all(r["padded_tokens"] == r["tokens"] for r in packed)  # no padding
+
+
+def test_train_benchmark_cpu_on_a_real_collection(tmp_path):
+    out = tmp_path / "train-cpu.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.train", "--model", "tiny-random", "--budgets", "256",
+                           "--packed-budgets", "256", "--task", "countdown-2x10", "--group", "2", "--responses", "4",
+                           "--response-len", "8", "--repeats", "1", "--device", "cpu", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [r["path"] for r in rows] == ["padded", "packed"]
+    for r in rows:
+        assert r["source"] == "collection" and r["task"] == "countdown-2x10" and r["responses"] == 4
+        assert 4 <= r["response_tokens"] <= 4 * 8
 
 
 def test_decode_profile_cpu(tmp_path):

@@ -207,7 +207,9 @@ def test_source_hash_follows_the_code_and_nothing_else(tmp_path):
     assert source_sha256(pkg) != first
 
 
-def test_on_policy_logprob_reuse_drops_the_scoring_pass_and_keeps_the_update(tmp_path, monkeypatch):
+@pytest.mark.parametrize("trainer_path", ["padded", "packed"])
+def test_on_policy_logprob_reuse_drops_the_scoring_pass_and_keeps_the_update(tmp_path, monkeypatch, trainer_path):
+    import grpo_knobs.packing as packing_mod
     import grpo_knobs.trainer as trainer_mod
     from safetensors.torch import load_file
 
@@ -217,11 +219,18 @@ def test_on_policy_logprob_reuse_drops_the_scoring_pass_and_keeps_the_update(tmp
         calls.append(mb.response_ids.size(0))  # rows scored in this forward pass
         return token_logprobs(model, mb, temperature)
 
+    packed_logprobs = packing_mod.packed_token_logprobs
+
+    def counted_packed(model, pb, temperature=1.0, **kw):
+        calls.append(len(pb.response_split))  # sequences scored in this forward pass
+        return packed_logprobs(model, pb, temperature, **kw)
+
     monkeypatch.setattr(trainer_mod, "token_logprobs", counted)
+    monkeypatch.setattr(packing_mod, "packed_token_logprobs", counted_packed)
     finals, rows = {}, {}
     for reuse in (False, True):  # S = 4 x 4 / 16 = 1: one collection, one update
         cfg = tiny_cfg(tmp_path / str(reuse), global_batch_size=16, response_budget=16, eval_every_responses=16,
-                       reuse_on_policy_logprobs=reuse)
+                       reuse_on_policy_logprobs=reuse, trainer_path=trainer_path)
         calls.clear()
         run = RunDir(train(cfg, progress=False))
         rows[reuse] = run.collections()[0]

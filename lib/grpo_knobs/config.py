@@ -67,6 +67,14 @@ class RunConfig:
     # --- memory and speed (never change the learning algorithm)
     micro_batch_size: int | None = field(default=None, metadata={"help": "Responses per micro-batch (alternative to the token budget)."})
     max_tokens_per_micro_batch: int | None = field(default=8192, metadata={"help": "Token budget per micro-batch (packing)."})
+    trainer_path: str = field(default="auto", metadata={
+        "help": "Trainer forward/backward: packed (sequences back to back, no padding, variable-length attention, "
+                "chunked log-prob head), packed-compiled (the same through torch.compile on CUDA), padded "
+                "(right-padded micro-batches), or auto: packed where the model supports it. Same loss and "
+                "gradients up to rounding."})
+    packed_tokens_per_micro_batch: int | None = field(default=None, metadata={
+        "help": "Token budget of a packed micro-batch; None: sized to free GPU memory on CUDA, "
+                "max_tokens_per_micro_batch elsewhere."})
     max_concurrent_sequences: int = field(default=512, metadata={
         "help": "Most sequences generated at once (concurrency cap; not TRL's generation_batch_size, which is P x G)."})
     engine: str = field(default="hf", metadata={"help": "Rollout engine: hf or sglang."})
@@ -160,12 +168,13 @@ class RunConfig:
         _check_choice("fast_rollout", self.fast_rollout, FAST_ROLLOUT)
         _check_choice("phase", self.phase, PHASES)
         _check_choice("tracker", self.tracker, TRACKERS)
+        _check_choice("trainer_path", self.trainer_path, TRAINER_PATHS)
         if self.micro_batch_size is not None and self.max_tokens_per_micro_batch is not None:
             raise ValueError("Set micro_batch_size or max_tokens_per_micro_batch, not both (set the other to None).")
         if self.micro_batch_size is None and self.max_tokens_per_micro_batch is None:
             raise ValueError("Set one of micro_batch_size or max_tokens_per_micro_batch.")
-        for name in ("micro_batch_size", "max_tokens_per_micro_batch", "eval_problems", "eval_max_new_tokens",
-                     "max_new_tokens", "max_concurrent_sequences"):
+        for name in ("micro_batch_size", "max_tokens_per_micro_batch", "packed_tokens_per_micro_batch",
+                     "eval_problems", "eval_max_new_tokens", "max_new_tokens", "max_concurrent_sequences"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value}.")
@@ -304,6 +313,7 @@ def _literal(value: Any) -> str:
 # Fields that may change when a run is resumed: where and how it runs, not what it learns.
 RESUMABLE_FIELDS = frozenset({"resume", "output_dir", "device", "engine_url", "data_dir", "tracker", "tracking_dir"})
 FAST_ROLLOUT = ("auto", "on", "off", "fused")
+TRAINER_PATHS = ("auto", "packed", "packed-compiled", "padded")
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 

@@ -146,7 +146,7 @@ def clipped_surrogate_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantage
     Args:
         logp, old_logp, mask: [m, R]; advantages: [m].
         aggregation: "sequence-mean" (each response's token mean, then the mean over the
-            update's ``global_batch_size``) or "token-mean" (sum over the update's
+            update's ``global_batch_size`` (B)) or "token-mean" (sum over the update's
             ``global_batch_tokens``).
     """
     log_ratio = logp - old_logp  # [m, R]

@@ -40,6 +40,7 @@ from .grpo import (
 )
 from .knobs import update_slices
 from .locks import exclusive, run_lock_path
+from .packing import memory_token_budget, score_packed, supports_packed, token_budget_micro_batches, update_packed
 from .prompts import prompt_version
 from .provenance import git_commit, package_versions, source_sha256
 from .records import RunDir, atomic_write_json, fsync_tree, read_json
@@ -237,6 +238,7 @@ class Trainer:
                 betas=(cfg.adam_beta1, cfg.adam_beta2),
                 weight_decay=cfg.weight_decay,
                 eps=1e-8,
+                fused=self.device.type == "cuda",  # one kernel for all parameters
             )
             engine_kw: dict[str, Any] = {"device": self.device}
             if cfg.engine == "hf":
@@ -280,14 +282,34 @@ class Trainer:
         seqs = [Sequence(prompt_ids[k], list(ids)) for k, ids in zip(gen.prompt_index, gen.token_ids)]
         return Collection(collection, indices, gen, rewards, seqs)
 
+    @property
+    def packed(self) -> bool:
+        """Whether the trainer runs the packed path (``cfg.trainer_path``; auto: where the model allows)."""
+        if not hasattr(self, "_packed"):
+            path = self.cfg.trainer_path
+            if path in ("packed", "packed-compiled") and not supports_packed(self.model):
+                raise ValueError(f"trainer_path=packed does not support {type(self.model).__name__}; use auto or padded.")
+            self._packed = path in ("packed", "packed-compiled") or (path == "auto" and supports_packed(self.model))
+        return self._packed
+
     def _micro_batches(self, idx: list[int], seqs: list[Sequence]) -> list[list[int]]:
         cfg = self.cfg
+        if self.packed and cfg.micro_batch_size is None:
+            if not hasattr(self, "_token_budget"):
+                self._token_budget = cfg.packed_tokens_per_micro_batch or (
+                    memory_token_budget(self.model, self.device) if self.device.type == "cuda"
+                    else cfg.max_tokens_per_micro_batch)
+            local = token_budget_micro_batches([len(seqs[i]) for i in idx], self._token_budget)
+            return [[idx[j] for j in mb] for mb in local]
         local = pack_micro_batches([len(seqs[i]) for i in idx], cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
         return [[idx[j] for j in mb] for mb in local]
 
     @torch.no_grad()
     def _score(self, model: torch.nn.Module, seqs: list[Sequence]) -> list[torch.Tensor]:
         """Per-response token log-probs ([len_i] each) under ``model``, without gradients."""
+        if self.packed:
+            return score_packed(model, seqs, self._micro_batches(list(range(len(seqs))), seqs), self.device,
+                                self.cfg.temperature, self._autocast, self.cfg.trainer_path == "packed-compiled")
         out: list[torch.Tensor | None] = [None] * len(seqs)
         for mb_idx in self._micro_batches(list(range(len(seqs))), seqs):
             mb = collate([seqs[i] for i in mb_idx], self.pad_id, self.device)
@@ -335,6 +357,12 @@ class Trainer:
         """
         cfg = self.cfg
         self.optimizer.zero_grad(set_to_none=True)
+        if self.packed:  # sequences back to back, no padding (grpo_knobs.packing)
+            out = update_packed(self.model, seqs, idx, self._micro_batches(idx, seqs), adv, old_logp, ref_logp, cfg,
+                                self.device, self._autocast, cfg.trainer_path == "packed-compiled")
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
+            self.optimizer.step()
+            return out | {"grad_norm": grad_norm}
         global_batch_tokens = float(sum(len(seqs[i].response_ids) for i in idx))
         totals = dict.fromkeys(("tokens", "clipped_low", "clipped_high", "ratio_sum", "approx_kl_sum"), 0.0)
         loss_total, ratio_max = 0.0, 0.0

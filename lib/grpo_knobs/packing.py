@@ -1,0 +1,445 @@
+"""The trainer's packed path: sequences back to back with no padding, attention that never
+crosses a sequence boundary, and response log-probs without [tokens, vocab] float32 logits.
+
+A micro-batch of m sequences of lengths L_1..L_m becomes one row of N = sum(L_i) tokens.
+Each token carries its position inside its own sequence (rotary restarts at 0), and
+attention is causal within each sequence only: variable-length flash attention with
+cumulative sequence starts on CUDA, one causal SDPA call per sequence elsewhere. The
+output projection, log-softmax and gather run over chunks of response positions with the
+logits recomputed in the backward pass, so memory holds one chunk of logits at a time.
+
+The loss is the padded path's loss on the same responses (``grpo.clipped_surrogate_loss``),
+written over flat token vectors; its statistics stay on the device and are read once per
+update. ``tests/test_packing.py`` checks log-probs, loss and gradient norm against the
+padded path.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .grpo import Sequence
+
+PACKED_MODEL_TYPES = ("llama", "qwen2")  # decoder layers this module's forward reproduces
+STAT_NAMES = ("tokens", "clipped_low", "clipped_high", "ratio_sum", "ratio_max", "approx_kl_sum", "kl_penalty_sum")
+
+
+def supports_packed(model: torch.nn.Module) -> bool:
+    """Whether ``packed_hidden_states`` reproduces this model's forward pass."""
+    cfg = model.config
+    if getattr(cfg, "model_type", None) not in PACKED_MODEL_TYPES or getattr(cfg, "use_sliding_window", False):
+        return False
+    if getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "mlp_bias", False):
+        return False
+    layer = model.base_model.layers[0]
+    attn = layer.self_attn
+    if not hasattr(layer.input_layernorm, "variance_epsilon"):
+        return False
+    return all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")) and not hasattr(attn, "q_norm")
+
+
+def token_budget_micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Split indices, in order, into runs whose summed length stays within ``max_tokens``
+    (no padding is counted); a sequence longer than the budget gets a micro-batch of its own."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    used = 0
+    for i, n in enumerate(lengths):
+        if current and used + n > max_tokens:
+            batches.append(current)
+            current, used = [], 0
+        current.append(i)
+        used += n
+    if current:
+        batches.append(current)
+    return batches
+
+
+def memory_token_budget(model: torch.nn.Module, device: torch.device, fraction: float = 0.5,
+                        cap: int = 131_072) -> int:
+    """Tokens per packed micro-batch that fit in ``fraction`` of the device's free memory.
+
+    Counts the bf16 activations the backward pass keeps per token and layer (norms, q/k/v,
+    attention output and its log-sum-exp, MLP gate/up/product) with a 1.5x margin; the
+    chunked log-prob head adds a fixed ~2 GiB that the fraction leaves room for.
+    """
+    if device.type != "cuda":
+        return 16_384
+    c = model.config
+    kv = c.num_key_value_heads * (c.hidden_size // c.num_attention_heads)
+    per_layer = 6 * c.hidden_size + 2 * kv + 5 * c.intermediate_size
+    per_token = int(1.5 * 2 * c.num_hidden_layers * per_layer)
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(max(4096, min(cap, fraction * free // per_token)))
+
+
+@dataclass
+class PackedBatch:
+    """m sequences of total length N, with Nr response tokens among them."""
+
+    input_ids: torch.Tensor  # [N] prompt + response tokens, sequence after sequence
+    position_ids: torch.Tensor  # [N] position inside its own sequence
+    cu_seqlens: torch.Tensor  # [m + 1] int32 start of each sequence, then N
+    max_len: int  # longest sequence
+    lengths: list[int]  # [m] sequence lengths (host copy, for the per-sequence fallback)
+    predict_index: torch.Tensor  # [Nr] flat position whose hidden state predicts each response token
+    targets: torch.Tensor  # [Nr] response token ids
+    segment: torch.Tensor  # [Nr] sequence (0..m-1) of each response token
+    response_lengths: torch.Tensor  # [m] float32 response lengths
+    response_split: list[int]  # [m] response lengths (host copy)
+
+
+def pack(seqs: list[Sequence], device: torch.device | str = "cpu") -> PackedBatch:
+    """Concatenate sequences without padding; index arrays are built on the host with numpy
+    and moved in one transfer each (pinned and asynchronous on CUDA)."""
+    device = torch.device(device)
+    lengths = np.array([len(s) for s in seqs], dtype=np.int64)  # [m]
+    resp = np.array([len(s.response_ids) for s in seqs], dtype=np.int64)  # [m]
+    prompt = lengths - resp  # [m]
+    starts = np.concatenate([[0], np.cumsum(lengths)])  # [m + 1]
+    ids = np.fromiter((t for s in seqs for t in (*s.prompt_ids, *s.response_ids)), dtype=np.int64, count=int(starts[-1]))
+    pos = np.arange(starts[-1]) - np.repeat(starts[:-1], lengths)  # [N]
+    seg = np.repeat(np.arange(len(seqs)), resp)  # [Nr]
+    offset_in_resp = np.arange(resp.sum()) - np.repeat(np.concatenate([[0], np.cumsum(resp)[:-1]]), resp)  # [Nr]
+    # Hidden state at position p + j - 1 of a sequence predicts its response token j.
+    predict = starts[:-1][seg] + prompt[seg] + offset_in_resp - 1  # [Nr]
+    targets = ids[predict + 1]  # [Nr]
+
+    def put(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        t = torch.from_numpy(np.ascontiguousarray(a)).to(dtype)
+        if device.type == "cuda":
+            return t.pin_memory().to(device, non_blocking=True)
+        return t.to(device)
+
+    return PackedBatch(
+        input_ids=put(ids, torch.long), position_ids=put(pos, torch.long), cu_seqlens=put(starts, torch.int32),
+        max_len=int(lengths.max()), lengths=lengths.tolist(), predict_index=put(predict, torch.long),
+        targets=put(targets, torch.long), segment=put(seg, torch.long), response_lengths=put(resp, torch.float32),
+        response_split=resp.tolist())
+
+
+# ----------------------------------------------------------------------------- attention
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _varlen_cuda_fn():
+    """Causal variable-length flash attention, fn(q, k, v, cu_seqlens, max_len, scale) with q/k/v [N, H, D]
+    (heads already repeated): torch.nn.attention.varlen where this torch has it, else the aten op."""
+    if "varlen" in _COMPILED:
+        return _COMPILED["varlen"]
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        varlen_attn = None
+    if varlen_attn is not None:
+        params = inspect.signature(varlen_attn).parameters
+        causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+
+        def fn(q, k, v, cu, max_len, scale):
+            return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, **causal)
+    else:
+        def fn(q, k, v, cu, max_len, scale):
+            return torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, max_len, max_len, 0.0, True, False,
+                                                           scale=scale)[0]
+    _COMPILED["varlen"] = fn
+    return fn
+
+
+def _per_sequence_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int],
+                       scale: float) -> torch.Tensor:
+    """Reference and CPU path: one causal SDPA call per sequence. q/k/v [N, H, D] -> [N, H, D]."""
+    outs = []
+    for qs, ks, vs in zip(q.split(lengths), k.split(lengths), v.split(lengths)):
+        o = F.scaled_dot_product_attention(qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1),
+                                           is_causal=True, scale=scale)  # [H, L, D]
+        outs.append(o.transpose(0, 1))
+    return torch.cat(outs)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """LlamaRMSNorm: float32 statistics, result in x's dtype times the weight."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(x, weight, bias)
+
+
+def _decoder_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor, max_len: int,
+                   w: tuple, eps: float, n_heads: int, n_kv: int, head_dim: int, attend) -> torch.Tensor:
+    """One llama decoder layer over a packed row: x [N, H_model] -> [N, H_model].
+
+    ``w`` holds the layer's tensors (input norm, q/k/v/o weights and biases, post norm,
+    gate/up/down) so that one compiled graph serves every layer.
+    """
+    ln1, wq, bq, wk, bk, wv, bv, wo, bo, ln2, wg, wu, wd = w
+    n = x.size(0)
+    h = _rms_norm(x, ln1, eps)
+    q = _linear(h, wq, bq).view(n, n_heads, head_dim)  # [N, Hq, D]
+    k = _linear(h, wk, bk).view(n, n_kv, head_dim)  # [N, Hkv, D]
+    v = _linear(h, wv, bv).view(n, n_kv, head_dim)  # [N, Hkv, D]
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    if n_kv != n_heads:
+        k = k.repeat_interleave(n_heads // n_kv, dim=1)  # [N, Hq, D]
+        v = v.repeat_interleave(n_heads // n_kv, dim=1)
+    if torch.is_autocast_enabled(q.device.type):  # SDPA under autocast runs in the low-precision dtype too
+        low = torch.get_autocast_dtype(q.device.type)
+        q, k, v = q.to(low), k.to(low), v.to(low)
+    o = attend(q, k, v, cu_seqlens, max_len, head_dim ** -0.5).reshape(n, n_heads * head_dim)  # [N, Hq*D]
+    x = x + _linear(o, wo, bo)
+    h = _rms_norm(x, ln2, eps)
+    return x + _linear(F.silu(_linear(h, wg, None)) * _linear(h, wu, None), wd, None)
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def _compiled_layer():
+    if "layer" not in _COMPILED:
+        _COMPILED["layer"] = torch.compile(_decoder_layer, dynamic=True)
+    return _COMPILED["layer"]
+
+
+def _layer_tensors(layer: torch.nn.Module) -> tuple:
+    a, m = layer.self_attn, layer.mlp
+    return (layer.input_layernorm.weight, a.q_proj.weight, a.q_proj.bias, a.k_proj.weight, a.k_proj.bias,
+            a.v_proj.weight, a.v_proj.bias, a.o_proj.weight, a.o_proj.bias, layer.post_attention_layernorm.weight,
+            m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight)
+
+
+def packed_hidden_states(model: torch.nn.Module, pb: PackedBatch, compile: bool = False) -> torch.Tensor:
+    """Final-norm hidden states [N, H_model] of a llama-style decoder over a packed batch.
+
+    Uses the model's own parameters and rotary table; the layer arithmetic is LlamaDecoderLayer's
+    with the attention call replaced by the variable-length one. ``compile`` runs the layer
+    through torch.compile (one graph, dynamic in N, shared by all layers; CUDA only).
+    """
+    base = model.base_model
+    cfg = model.config
+    n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
+    if pb.input_ids.is_cuda:
+        attend = _varlen_cuda_fn()
+    else:
+        lengths = pb.lengths
+
+        def attend(q, k, v, cu, max_len, scale):
+            return _per_sequence_sdpa(q, k, v, lengths, scale)
+    layer_fn = _compiled_layer() if compile and pb.input_ids.is_cuda else _decoder_layer
+    x = base.embed_tokens(pb.input_ids)  # [N, H_model]
+    cos, sin = base.rotary_emb(x[None], pb.position_ids[None])  # [1, N, D] each
+    cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [N, 1, D]
+    eps = base.layers[0].input_layernorm.variance_epsilon
+    for layer in base.layers:
+        x = layer_fn(x, cos, sin, pb.cu_seqlens, pb.max_len, _layer_tensors(layer), eps, n_heads, n_kv, head_dim, attend)
+    return _rms_norm(x, base.norm.weight, base.norm.variance_epsilon)  # [N, H_model]
+
+
+# ----------------------------------------------------------------------------- log-probs
+def _head_forward(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, temperature: float):
+    """One chunk: h [c, H] (compute dtype), w [V, H] -> (target log-prob [c], log-sum-exp [c]) in float32."""
+    z = (h @ w.t()).float() / temperature  # [c, V]
+    lse = torch.logsumexp(z, dim=-1)  # [c]
+    return z.gather(1, targets[:, None])[:, 0] - lse, lse
+
+
+def _head_backward(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
+                   temperature: float) -> torch.Tensor:
+    """Gradient of sum(g * logp) w.r.t. one chunk's raw logits: [c, V] in the compute dtype.
+
+    d logp / d z = onehot(target) - softmax(z), times 1/T for the raw logits."""
+    z = (h @ w.t()).float() / temperature  # [c, V]
+    dz = torch.exp(z - lse[:, None]) * (-g[:, None])  # [c, V]
+    dz = dz.scatter_add(1, targets[:, None], g[:, None])
+    return (dz / temperature).to(h.dtype)
+
+
+def _head_fns(compile: bool):
+    if not compile:
+        return _head_forward, _head_backward
+    if "head" not in _COMPILED:
+        _COMPILED["head"] = (torch.compile(_head_forward, dynamic=True), torch.compile(_head_backward, dynamic=True))
+    return _COMPILED["head"]
+
+
+class _ChunkedTargetLogprob(torch.autograd.Function):
+    """log softmax(h W^T / T)[target] for rows of h, a chunk of rows at a time.
+
+    Forward keeps only h, W and the per-row log-sum-exp; backward recomputes each chunk's
+    logits. Products run in ``dtype`` (bf16 under autocast, as the padded path's lm_head
+    does), softmax and sums in float32; W's gradient accumulates in float32.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature: float, chunk: int, dtype: torch.dtype, compile: bool):
+        fwd, _ = _head_fns(compile)
+        w = weight.to(dtype)
+        outs, lses = [], []
+        for s in range(0, hidden.size(0), chunk):
+            o, lse = fwd(hidden[s:s + chunk].to(dtype), w, targets[s:s + chunk], temperature)
+            outs.append(o)
+            lses.append(lse)
+        out = torch.cat(outs) if outs else hidden.new_zeros(0, dtype=torch.float32)  # [n]
+        lse = torch.cat(lses) if lses else out
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.temperature, ctx.chunk, ctx.dtype, ctx.compile = temperature, chunk, dtype, compile
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        hidden, weight, targets, lse = ctx.saved_tensors
+        _, bwd = _head_fns(ctx.compile)
+        chunk, dtype = ctx.chunk, ctx.dtype
+        w = weight.to(dtype)
+        grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        grad_out = grad_out.float()
+        for s in range(0, hidden.size(0), chunk):
+            h = hidden[s:s + chunk].to(dtype)  # [c, H]
+            dz = bwd(h, w, targets[s:s + chunk], lse[s:s + chunk], grad_out[s:s + chunk], ctx.temperature)  # [c, V]
+            if grad_h is not None:
+                grad_h[s:s + chunk] = (dz @ w).to(hidden.dtype)
+            if grad_w is not None:
+                grad_w += (dz.t() @ h).float()  # [V, H]
+        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None, None, None
+
+
+def chunked_target_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                            temperature: float = 1.0, chunk: int = 8192, compile: bool = False) -> torch.Tensor:
+    """Log-probs of ``targets`` [n] under logits ``hidden [n, H] @ weight [V, H]^T / temperature``: [n] float32.
+
+    Peak extra memory is one [chunk, V] float32 block instead of [n, V].
+    """
+    dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) else hidden.dtype
+    with torch.autocast(hidden.device.type, enabled=False):
+        return _ChunkedTargetLogprob.apply(hidden, weight, targets, float(temperature), int(chunk), dtype,
+                                           compile and hidden.is_cuda)
+
+
+def packed_token_logprobs(model: torch.nn.Module, pb: PackedBatch, temperature: float = 1.0,
+                          chunk: int = 8192, compile: bool = False) -> torch.Tensor:
+    """Log-probs of every response token of a packed batch: [Nr] float32, sequence after sequence."""
+    hidden = packed_hidden_states(model, pb, compile)  # [N, H_model]
+    h = hidden.index_select(0, pb.predict_index)  # [Nr, H_model]
+    head = model.get_output_embeddings()
+    if getattr(head, "bias", None) is not None:
+        raise ValueError("packed log-probs assume an output projection without bias; use trainer_path=padded.")
+    return chunked_target_logprobs(h, head.weight, pb.targets, temperature, chunk, compile)
+
+
+# ----------------------------------------------------------------------------- loss
+def packed_surrogate_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, pb: PackedBatch, *,
+                          clip_low: float, clip_high: float, aggregation: str, global_batch_size: int,
+                          global_batch_tokens: float, ref_logp: torch.Tensor | None = None,
+                          kl_coef: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``grpo.clipped_surrogate_loss`` over flat response tokens.
+
+    Args:
+        logp, old_logp, ref_logp: [Nr] per response token; advantages: [m] per sequence.
+    Returns:
+        (loss, stats): the scalar share of the update loss, and [7] float32 sums named by
+        ``STAT_NAMES`` (ratio_max is a max), left on the device.
+    """
+    adv = advantages.to(logp.dtype)[pb.segment]  # [Nr]
+    log_ratio = logp - old_logp  # [Nr]
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
+    per_token = -torch.minimum(unclipped, clipped)  # [Nr]
+    kl_pen = torch.zeros_like(per_token)
+    if kl_coef > 0.0:
+        if ref_logp is None:
+            raise ValueError("kl_coef > 0 needs reference log-probs.")
+        d = ref_logp - logp
+        kl_pen = torch.exp(d) - d - 1.0  # k3 estimator, >= 0
+        per_token = per_token + kl_coef * kl_pen
+    if aggregation == "sequence-mean":
+        loss = (per_token / pb.response_lengths.clamp(min=1.0)[pb.segment]).sum() / global_batch_size
+    elif aggregation == "token-mean":
+        loss = per_token.sum() / global_batch_tokens
+    else:
+        raise ValueError(f"Unknown loss aggregation {aggregation!r}.")
+    with torch.no_grad():
+        active = clipped < unclipped  # the min picked the clipped branch
+        low = active & (ratio < 1.0 - clip_low)
+        high = active & (ratio > 1.0 + clip_high)
+        approx_kl = (ratio - 1.0) - log_ratio
+        n = torch.tensor(float(logp.numel()), device=logp.device)
+        stats = torch.stack([n, low.sum().float(), high.sum().float(), ratio.sum(),
+                             ratio.max() if ratio.numel() else torch.ones((), device=logp.device),
+                             approx_kl.sum(), kl_pen.sum()]).float()  # [7]
+    return loss, stats
+
+
+def merge_stats(total: torch.Tensor | None, stats: torch.Tensor) -> torch.Tensor:
+    """Sum two [7] stat vectors, taking the max for ratio_max."""
+    if total is None:
+        return stats
+    out = total + stats
+    out[4] = torch.maximum(total[4], stats[4])
+    return out
+
+
+# ----------------------------------------------------------------------------- trainer steps
+def score_packed(model: torch.nn.Module, seqs: list[Sequence], micro: list[list[int]], device: torch.device,
+                 temperature: float, autocast, compile: bool = False) -> list[torch.Tensor]:
+    """Per-response token log-probs ([len_i] float32 on the host, as ``Trainer._score``), one
+    device-to-host copy for the whole pass."""
+    outs = []
+    with torch.no_grad():
+        for mb_idx in micro:
+            pb = pack([seqs[i] for i in mb_idx], device)
+            with autocast():
+                outs.append(packed_token_logprobs(model, pb, temperature, compile=compile))  # [Nr_mb]
+    order = [i for mb in micro for i in mb]
+    pieces = torch.cat(outs).cpu().split([len(seqs[i].response_ids) for i in order])
+    out: list[torch.Tensor | None] = [None] * len(seqs)
+    for i, p in zip(order, pieces):
+        out[i] = p
+    return out  # type: ignore[return-value]
+
+
+def update_packed(model: torch.nn.Module, seqs: list[Sequence], idx: list[int], micro: list[list[int]],
+                  adv: torch.Tensor, old_logp: list, ref_logp: list | None, cfg, device: torch.device,
+                  autocast, compile: bool = False) -> dict:
+    """Forward, loss and backward of one update's responses ``idx`` over packed micro-batches
+    (gradients accumulate; the caller clips and steps). ``cfg`` supplies clip_low, clip_high,
+    loss_aggregation, kl_coef and temperature. Entries of ``old_logp`` that are None are taken
+    from this pass (detached) and stored back. Returns the trainer's per-update statistics
+    except grad_norm; the device is synchronised once, at the end."""
+    update_tokens = float(sum(len(seqs[i].response_ids) for i in idx))
+    stats, loss_total = None, torch.zeros((), device=device)
+    for mb_idx in micro:
+        pb = pack([seqs[i] for i in mb_idx], device)
+        with autocast():
+            logp = packed_token_logprobs(model, pb, cfg.temperature, compile=compile)  # [Nr]
+        if any(old_logp[i] is None for i in mb_idx):
+            for i, piece in zip(mb_idx, logp.detach().cpu().split(pb.response_split)):
+                old_logp[i] = piece if old_logp[i] is None else old_logp[i]
+        old = torch.cat([old_logp[i] for i in mb_idx]).to(device, non_blocking=True)  # [Nr]
+        ref = torch.cat([ref_logp[i] for i in mb_idx]).to(device, non_blocking=True) if ref_logp is not None else None
+        loss, st = packed_surrogate_loss(
+            logp, old, adv[mb_idx].to(device, non_blocking=True), pb, clip_low=cfg.clip_low,
+            clip_high=cfg.clip_high, aggregation=cfg.loss_aggregation, global_batch_size=len(idx),
+            global_batch_tokens=update_tokens, ref_logp=ref, kl_coef=cfg.kl_coef)
+        loss.backward()
+        loss_total += loss.detach()
+        stats = merge_stats(stats, st)
+    s = dict(zip(STAT_NAMES, stats.tolist())) if stats is not None else dict.fromkeys(STAT_NAMES, 0.0)
+    n = max(s["tokens"], 1.0)
+    return {
+        "loss": float(loss_total), "clip_fraction": (s["clipped_low"] + s["clipped_high"]) / n,
+        "clip_low_fraction": s["clipped_low"] / n, "clip_high_fraction": s["clipped_high"] / n,
+        "approx_kl": s["approx_kl_sum"] / n, "ratio_mean": s["ratio_sum"] / n, "ratio_max": s["ratio_max"],
+        "tokens": int(s["tokens"]), "micro_batches": len(micro),
+    }
