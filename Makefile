@@ -38,6 +38,8 @@ study: setup
 	$(BIN)/grpo-knobs report runs/$(PRESET)
 
 test: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest tests $(NBVAL_NOTEBOOKS) --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 # Re-execute the committed analysis notebooks on results/h200-mini, rewriting figures/ and its report.

@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 
 import torch
-
-from benchmarks.rollout import bandwidth, gpu_slug
 from grpo_knobs.models import load_model
 from grpo_knobs.rollout import kernels as K
+
+from benchmarks.rollout import bandwidth, gpu_slug
 
 
 def per_launch_us(fn, reps: int, iters: int, device: torch.device) -> float:
@@ -57,8 +57,11 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--kv-lens", default="128,192,320", help="attended cache lengths for decode attention")
-    ap.add_argument("--sweep", default="32,64,128:1,2,4:1,2,3",
-                    help="decode attention launch shapes: cache blocks:warps:stages, each a comma list")
+    ap.add_argument(
+        "--sweep",
+        default="32,64,128:1,2,4:1,2,3",
+        help="decode attention launch shapes: cache blocks:warps:stages, each a comma list",
+    )
     ap.add_argument("--reps", type=int, default=30, help="launches per graph (a model's layer count is typical)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -70,7 +73,7 @@ def main(argv=None) -> list[dict]:
     model, _, _ = load_model(args.model, device=device)
     c = model.config
     dtype = model.get_input_embeddings().weight.dtype
-    B, H, I, V = args.batch, c.hidden_size, c.intermediate_size, c.vocab_size
+    B, H, I, V = args.batch, c.hidden_size, c.intermediate_size, c.vocab_size  # noqa: E741 - the paper's names
     n_q, n_kv = c.num_attention_heads, c.num_key_value_heads
     D = getattr(c, "head_dim", None) or H // n_q
     kv_lens = [int(x) for x in args.kv_lens.split(",")]
@@ -81,8 +84,14 @@ def main(argv=None) -> list[dict]:
     t = lambda *shape: torch.randn(*shape, generator=g, device=device).to(dtype)  # noqa: E731
     time_us = lambda fn: per_launch_us(fn, args.reps, args.iters, device)  # noqa: E731
     floor_us = lambda nbytes: nbytes / bw * 1e6  # noqa: E731
-    base = {"gpu": gpu_slug(device), "model": args.model, "batch": B, "dtype": str(dtype).removeprefix("torch."),
-            "bandwidth_bytes_per_s": bw, "bandwidth_source": bw_source}
+    base = {
+        "gpu": gpu_slug(device),
+        "model": args.model,
+        "batch": B,
+        "dtype": str(dtype).removeprefix("torch."),
+        "bandwidth_bytes_per_s": bw,
+        "bandwidth_source": bw_source,
+    }
     rows = []
 
     def report(kernel: str, us: float, nbytes: int | None = None, flops: int | None = None, **extra):
@@ -98,29 +107,45 @@ def main(argv=None) -> list[dict]:
         rows.append(row)
         print(f"{kernel:<34} {us:8.1f} us  {note}", flush=True)
 
-    print(f"{args.model} on {base['gpu']}: batch {B}, {dtype}, {args.reps} launches per graph; "
-          f"bandwidth {bw / 1e12:.2f} TB/s ({bw_source})")
+    print(
+        f"{args.model} on {base['gpu']}: batch {B}, {dtype}, {args.reps} launches per graph; "
+        f"bandwidth {bw / 1e12:.2f} TB/s ({bw_source})"
+    )
     x, delta, h, w = t(B, H), t(B, H), t(B, H), t(H)
     report("add_rms_norm", time_us(lambda: K.add_rms_norm(x, delta, w, 1e-5, h)), 5 * B * H * el)
     qkv, q = t(B, (n_q + 2 * n_kv) * D), t(B, n_q, D)
     cos, sin = t(C, D), t(C, D)
     kv = t(2, B, n_kv, C, D)
     pos, slot = torch.full((B,), 7, device=device), torch.tensor([7], device=device)
-    report("rotary_cache_write", time_us(lambda: K.rotary_cache_write(qkv, cos, sin, pos, q, kv[0], kv[1], slot)),
-           2 * B * (n_q + 2 * n_kv) * D * el)
+    report(
+        "rotary_cache_write",
+        time_us(lambda: K.rotary_cache_write(qkv, cos, sin, pos, q, kv[0], kv[1], slot)),
+        2 * B * (n_q + 2 * n_kv) * D * el,
+    )
     gate_up, act = t(B, 2 * I), t(B, I)
     report("silu_mul", time_us(lambda: K.silu_mul(gate_up, act)), 3 * B * I * el)
     logits = t(B, V)
     one, zero = torch.ones(1, device=device), torch.zeros(1, dtype=torch.long, device=device)
     tok, lp = torch.empty(B, dtype=torch.long, device=device), torch.empty(B, device=device)
     for greedy in (False, True):
-        report(f"sample ({'greedy' if greedy else 'T > 0'})",
-               time_us(lambda: K.sample(logits, one, zero, zero, greedy, tok, lp)), B * V * el)
-    for name, (n_out, n_in) in {"qkv": ((n_q + 2 * n_kv) * D, H), "o_proj": (H, n_q * D), "gate_up": (2 * I, H),
-                                "down_proj": (H, I), "lm_head": (V, H)}.items():
+        report(
+            f"sample ({'greedy' if greedy else 'T > 0'})",
+            time_us(lambda: K.sample(logits, one, zero, zero, greedy, tok, lp)),
+            B * V * el,
+        )
+    for name, (n_out, n_in) in {
+        "qkv": ((n_q + 2 * n_kv) * D, H),
+        "o_proj": (H, n_q * D),
+        "gate_up": (2 * I, H),
+        "down_proj": (H, I),
+        "lm_head": (V, H),
+    }.items():
         weight, inp = t(n_out, n_in), t(B, n_in)
-        report(f"gemm {name} [{B}x{n_in}]x[{n_in}x{n_out}]",
-               time_us(lambda: torch.nn.functional.linear(inp, weight)), flops=2 * B * n_in * n_out)
+        report(
+            f"gemm {name} [{B}x{n_in}]x[{n_in}x{n_out}]",
+            time_us(lambda: torch.nn.functional.linear(inp, weight)),
+            flops=2 * B * n_in * n_out,
+        )
 
     valid = torch.ones(B, C, dtype=torch.bool, device=device)
     out = t(B, n_q * D)
@@ -133,15 +158,30 @@ def main(argv=None) -> list[dict]:
         for block_k, num_warps, num_stages in itertools.product(blocks, warps, stages):
             if block_k > kv_len:
                 continue
-            us = time_us(lambda: K.decode_attention(q, kv[0], kv[1], valid, kv_len, 0.125, out, block_k=block_k,
-                                                    num_warps=num_warps, num_stages=num_stages))
+            us = time_us(
+                lambda: K.decode_attention(
+                    q,
+                    kv[0],
+                    kv[1],
+                    valid,
+                    kv_len,
+                    0.125,
+                    out,
+                    block_k=block_k,
+                    num_warps=num_warps,
+                    num_stages=num_stages,
+                )
+            )
             sweep.append({"block_k": block_k, "num_warps": num_warps, "num_stages": num_stages, "us_per_launch": us})
         sweep.sort(key=lambda r: r["us_per_launch"])
         rows[-1]["sweep"] = sweep
         best = sweep[0]
-        print(f"  sweep of {len(sweep)}: best block {best['block_k']}, {best['num_warps']} warps, "
-              f"{best['num_stages']} stages at {best['us_per_launch']:.1f} us; default/best "
-              f"{default / best['us_per_launch']:.2f}", flush=True)
+        print(
+            f"  sweep of {len(sweep)}: best block {best['block_k']}, {best['num_warps']} warps, "
+            f"{best['num_stages']} stages at {best['us_per_launch']:.1f} us; default/best "
+            f"{default / best['us_per_launch']:.2f}",
+            flush=True,
+        )
     print("floor: bytes read and written once at the bandwidth; GEMMs are compared with peak FLOP/s instead.")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

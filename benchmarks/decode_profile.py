@@ -4,7 +4,8 @@ The rollout benchmark gives wall time per decode step; this one runs the same de
 graphs under torch.profiler and sums the GPU time of each kernel, so the two side by side say how much
 of a step is kernel work (and which kernels) and how much is launch overhead that graphs remove.
 
-    python -m benchmarks.decode_profile --batch 512 --paths fast,fused --out benchmarks/results/decode-profile-h200.json
+    python -m benchmarks.decode_profile --batch 512 --paths fast,fused \
+        --out benchmarks/results/decode-profile-h200.json
 """
 
 from __future__ import annotations
@@ -15,16 +16,24 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+from grpo_knobs.models import load_model
+from grpo_knobs.rollout.hf import HFEngine
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.rollout import fixed_length, gpu_slug, question_prompts, timed_generate
-from grpo_knobs.models import load_model
-from grpo_knobs.rollout.hf import HFEngine
 
 PATHS = {"fast": True, "fused": "fused"}
 KINDS = [  # first match wins; kernel names are lower-cased
-    ("fused (Triton)", ("_add_rms_norm_kernel", "_rotary_cache_kernel", "_decode_attention_kernel",
-                        "_silu_mul_kernel", "_sample_kernel")),
+    (
+        "fused (Triton)",
+        (
+            "_add_rms_norm_kernel",
+            "_rotary_cache_kernel",
+            "_decode_attention_kernel",
+            "_silu_mul_kernel",
+            "_sample_kernel",
+        ),
+    ),
     ("gemm", ("gemm", "cutlass", "nvjet", "sm90_", "cublas", "gemv", "aten::mm", "aten::addmm", "aten::bmm")),
     ("sampling", ("exponential", "argmax", "logsumexp", "reduce", "gather", "log_kernel", "clamp")),
     ("softmax", ("softmax",)),
@@ -85,15 +94,25 @@ def main() -> None:
         by_kind = defaultdict(float)
         for k, v in per_step.items():
             by_kind[kind_of(k)] += v
-        top = sorted(per_step.items(), key=lambda kv: -kv[1])[:args.top]
-        row = {"gpu": gpu_slug(device), "model": args.model, "path": path, "batch": args.batch, "steps": args.steps,
-               "graphed_wall_ms_per_step": 1e3 * wall / args.steps, "kernel_ms_per_step": sum(per_step.values()),
-               "kernels_per_step": launches / args.steps,
-               "kernel_ms_per_step_by_kind": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
-               "top_kernels_ms_per_step": dict(top)}
+        top = sorted(per_step.items(), key=lambda kv: -kv[1])[: args.top]
+        row = {
+            "gpu": gpu_slug(device),
+            "model": args.model,
+            "path": path,
+            "batch": args.batch,
+            "steps": args.steps,
+            "graphed_wall_ms_per_step": 1e3 * wall / args.steps,
+            "kernel_ms_per_step": sum(per_step.values()),
+            "kernels_per_step": launches / args.steps,
+            "kernel_ms_per_step_by_kind": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
+            "top_kernels_ms_per_step": dict(top),
+        }
         rows.append(row)
-        print(f"\n{path}: batch {args.batch}, {args.steps} steps; graphed wall {row['graphed_wall_ms_per_step']:.2f} ms/step, "
-              f"GPU kernel time {row['kernel_ms_per_step']:.2f} ms/step in {row['kernels_per_step']:.0f} kernels")
+        print(
+            f"\n{path}: batch {args.batch}, {args.steps} steps; "
+            f"graphed wall {row['graphed_wall_ms_per_step']:.2f} ms/step, "
+            f"GPU kernel time {row['kernel_ms_per_step']:.2f} ms/step in {row['kernels_per_step']:.0f} kernels"
+        )
         for kind, ms in row["kernel_ms_per_step_by_kind"].items():
             print(f"  {kind:<18} {ms:8.3f} ms")
         for name, ms in top:

@@ -1,11 +1,13 @@
 """Rollout throughput: eager `generate` against the static-cache fast paths, and all against the memory bound.
 
 For each batch size the same prompts run through each HF engine path (eager, fast, fused), each for
-exactly `new_tokens` decode steps (EOS ignored) so the rates compare. A decode step must read every weight and each row's
+exactly `new_tokens` decode steps (EOS ignored) so the rates compare. A decode step must read every weight and each
+row's
 KV cache once, so bandwidth / bytes-per-step bounds the step rate; the fast path's fraction of that
 bound says how much is left to gain. Prints a table and writes the rows as JSON.
 
-    python -m benchmarks.rollout --batches 64,128,256,512,1024 --new-tokens 256 --out benchmarks/results/rollout-h200.json
+    python -m benchmarks.rollout --batches 64,128,256,512,1024 --new-tokens 256 \
+        --out benchmarks/results/rollout-h200.json
 """
 
 from __future__ import annotations
@@ -17,13 +19,19 @@ import time
 from pathlib import Path
 
 import torch
-
 from grpo_knobs.models import load_model
 from grpo_knobs.rollout.hf import HFEngine
 
 # Peak HBM bandwidth by GPU name, bytes/s (vendor datasheets). Unknown GPUs are measured.
-BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "B200": 8.0e12, "A100-SXM4-80GB": 2.04e12, "A100": 1.555e12,
-             "L40S": 0.864e12, "4090": 1.008e12}
+BANDWIDTH = {
+    "H200": 4.8e12,
+    "H100": 3.35e12,
+    "B200": 8.0e12,
+    "A100-SXM4-80GB": 2.04e12,
+    "A100": 1.555e12,
+    "L40S": 0.864e12,
+    "4090": 1.008e12,
+}
 CPU_BANDWIDTH = 20e9  # a flag value, not a measurement: CPU rows only exercise the code
 
 QUESTIONS = [
@@ -40,8 +48,12 @@ QUESTIONS = [
 
 def question_prompts(tokenizer) -> list[list[int]]:
     """Token ids of QUESTIONS as chat prompts, the benchmarks' fixed-length inputs."""
-    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                          tokenize=True, return_dict=True)["input_ids"] for q in QUESTIONS]
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+        for q in QUESTIONS
+    ]
 
 
 def gpu_slug(device: torch.device) -> str:
@@ -108,25 +120,46 @@ def fused_agreement(model, tokenizer, device, prompt_ids, batch: int, max_new_to
     """Greedy responses of the fast and fused paths side by side: the kernels' rounding differs, so
     responses may part after a near-tie, but log-probs on their shared prefix should agree closely."""
     prompts = [prompt_ids[i % len(prompt_ids)] for i in range(min(batch, 64))]
-    gens = {path: HFEngine(model, tokenizer, device=device, max_batch_size=len(prompts), fast=fast,
-                           return_logprobs=True).generate(prompts, n=1, max_new_tokens=max_new_tokens,
-                                                          temperature=0, seed=0)
-            for path, fast in (("fast", True), ("fused", "fused"))}
+    gens = {
+        path: HFEngine(
+            model, tokenizer, device=device, max_batch_size=len(prompts), fast=fast, return_logprobs=True
+        ).generate(prompts, n=1, max_new_tokens=max_new_tokens, temperature=0, seed=0)
+        for path, fast in (("fast", True), ("fused", "fused"))
+    }
     diffs, same = [], 0
-    for a, b, la, lb in zip(gens["fast"].token_ids, gens["fused"].token_ids, gens["fast"].logprobs, gens["fused"].logprobs):
+    for a, b, la, lb in zip(
+        gens["fast"].token_ids, gens["fused"].token_ids, gens["fast"].logprobs, gens["fused"].logprobs
+    ):
         same += a == b
         shared = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         diffs += [abs(x - y) for x, y in zip(la[:shared], lb[:shared])]
-    return {"responses": len(prompts), "max_new_tokens": max_new_tokens, "identical_fraction": same / len(prompts),
-            "mean_abs_logprob_diff": sum(diffs) / max(len(diffs), 1)}
+    return {
+        "responses": len(prompts),
+        "max_new_tokens": max_new_tokens,
+        "identical_fraction": same / len(prompts),
+        "mean_abs_logprob_diff": sum(diffs) / max(len(diffs), 1),
+    }
 
 
-STUDY_PATHS = {"fast": dict(fast=True, compact=False), "compact": dict(fast=True, compact=True),
-               "fused": dict(fast="fused", compact=True)}
+STUDY_PATHS = {
+    "fast": dict(fast=True, compact=False),
+    "compact": dict(fast=True, compact=True),
+    "fused": dict(fast="fused", compact=True),
+}
 
 
-def study_rollouts(model, tokenizer, device, task: str, batches: list[int], group: int, max_new_tokens: int,
-                   gpu: str, model_name: str, out: Path | None = None) -> list[dict]:
+def study_rollouts(
+    model,
+    tokenizer,
+    device,
+    task: str,
+    batches: list[int],
+    group: int,
+    max_new_tokens: int,
+    gpu: str,
+    model_name: str,
+    out: Path | None = None,
+) -> list[dict]:
     """Collections as a run generates them: train prompts of ``task`` x ``group`` samples at T = 1, stopping
     at EOS. Response lengths are then uneven (a few run to the cap), which is where dropping finished
     rows pays; the fixed-length table above cannot show it."""
@@ -134,34 +167,53 @@ def study_rollouts(model, tokenizer, device, task: str, batches: list[int], grou
     from grpo_knobs.evaluation import encode_prompts
 
     problems = load_split(task, "train")
-    engines = {name: HFEngine(model, tokenizer, device=device, max_batch_size=max(batches), return_logprobs=True, **kw)
-               for name, kw in STUDY_PATHS.items()}
+    engines = {
+        name: HFEngine(model, tokenizer, device=device, max_batch_size=max(batches), return_logprobs=True, **kw)
+        for name, kw in STUDY_PATHS.items()
+    }
     print(f"\n{task} collections: train prompts x {group} samples, T = 1, up to {max_new_tokens} tokens, EOS on")
-    print(f"{'responses':>9} {'mean len':>8} {'max len':>7} " + " ".join(f"{n + ' tok/s':>13}" for n in engines)
-          + " " + " ".join(f"{n + '/fast':>12}" for n in list(engines)[1:]))
+    print(
+        f"{'responses':>9} {'mean len':>8} {'max len':>7} "
+        + " ".join(f"{n + ' tok/s':>13}" for n in engines)
+        + " "
+        + " ".join(f"{n + '/fast':>12}" for n in list(engines)[1:])
+    )
     rows = []
     for batch in batches:
         prompts = encode_prompts([problems[i % len(problems)] for i in range(max(1, batch // group))], tokenizer)
-        row = {"gpu": gpu, "model": model_name, "task": task, "responses": len(prompts) * group, "group": group,
-               "max_new_tokens": max_new_tokens, "temperature": 1.0}
+        row = {
+            "gpu": gpu,
+            "model": model_name,
+            "task": task,
+            "responses": len(prompts) * group,
+            "group": group,
+            "max_new_tokens": max_new_tokens,
+            "temperature": 1.0,
+        }
         for name, engine in engines.items():
             kw = dict(n=group, max_new_tokens=max_new_tokens, temperature=1.0, seed=batch)
             engine.generate(prompts, **kw)  # warm-up with the timed shapes (graph capture)
             before = engine.decoder.compactions
             seconds, gen = timed_generate(engine, prompts, device, **kw)
             lengths = [len(t) for t in gen.token_ids]
-            row |= {f"{name}_tokens_per_s": sum(lengths) / seconds, f"{name}_seconds": seconds,
-                    f"{name}_compactions": engine.decoder.compactions - before,
-                    f"{name}_response_length_mean": sum(lengths) / len(lengths),
-                    f"{name}_response_length_max": max(lengths)}
+            row |= {
+                f"{name}_tokens_per_s": sum(lengths) / seconds,
+                f"{name}_seconds": seconds,
+                f"{name}_compactions": engine.decoder.compactions - before,
+                f"{name}_response_length_mean": sum(lengths) / len(lengths),
+                f"{name}_response_length_max": max(lengths),
+            }
         for name in list(engines)[1:]:
             row[f"{name}_over_fast"] = row["fast_seconds"] / row[f"{name}_seconds"]
         rows.append(row)
         if out is not None:  # after every row: a run cut short by a time limit keeps what it measured
             out.write_text(json.dumps(rows, indent=2) + "\n")
-        print(f"{row['responses']:>9} {row['fast_response_length_mean']:>8.0f} {row['fast_response_length_max']:>7} "
-              + " ".join(f"{row[n + '_tokens_per_s']:>13,.0f}" for n in engines)
-              + " " + " ".join(f"{row[n + '_over_fast']:>12.2f}" for n in list(engines)[1:]))
+        print(
+            f"{row['responses']:>9} {row['fast_response_length_mean']:>8.0f} {row['fast_response_length_max']:>7} "
+            + " ".join(f"{row[n + '_tokens_per_s']:>13,.0f}" for n in engines)
+            + " "
+            + " ".join(f"{row[n + '_over_fast']:>12.2f}" for n in list(engines)[1:])
+        )
     print("tok/s counts generated tokens only; each path samples its own responses (lengths differ by chance).")
     return rows
 
@@ -173,13 +225,19 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s; default: datasheet table or measured")
-    ap.add_argument("--paths", default="eager,fast,fused",
-                    help="engine paths side by side: eager (generate), fast (static cache + CUDA graphs), "
-                         "fused (fast plus the Triton decode kernels)")
+    ap.add_argument(
+        "--paths",
+        default="eager,fast,fused",
+        help="engine paths side by side: eager (generate), fast (static cache + CUDA graphs), "
+        "fused (fast plus the Triton decode kernels)",
+    )
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/rollout-<gpu>.json)")
-    ap.add_argument("--task", default=None,
-                    help="also time collections of this task (EOS on, uneven lengths): fast, compact and fused paths; "
-                         "written to <out stem>-<task>.json")
+    ap.add_argument(
+        "--task",
+        default=None,
+        help="also time collections of this task (EOS on, uneven lengths): fast, compact and fused paths; "
+        "written to <out stem>-<task>.json",
+    )
     ap.add_argument("--group", type=int, default=8, help="samples per prompt in --task collections")
     args = ap.parse_args(argv)
 
@@ -194,14 +252,29 @@ def main(argv=None) -> list[dict]:
     paths = [p for p in args.paths.split(",") if p]
     if paths[:2] != ["eager", "fast"] or not set(paths) <= {"eager", "fast", "fused"}:
         raise SystemExit(f"--paths must start with eager,fast and may add fused, got {args.paths!r}")
-    engines = {path: HFEngine(model, tokenizer, device=device, max_batch_size=max(batches),
-                              fast={"eager": False, "fast": True, "fused": "fused"}[path], return_logprobs=False)
-               for path in paths}
-    print(f"{info.name} on {gpu} ({device}); {args.new_tokens} decode steps per run, prompts of "
-          f"{prompt_tokens:.0f} tokens; bandwidth {bw / 1e12:.2f} TB/s from {bw_source}")
-    print(f"{'batch':>6} " + " ".join(f"{p + ' tok/s':>12} {p + ' ms/step':>14}" for p in paths)
-          + " " + " ".join(f"{p + '/eager':>12}" for p in paths[1:]) + f" {'bound tok/s':>12} "
-          + " ".join(f"{p + '/bound':>11}" for p in paths[1:]))
+    engines = {
+        path: HFEngine(
+            model,
+            tokenizer,
+            device=device,
+            max_batch_size=max(batches),
+            fast={"eager": False, "fast": True, "fused": "fused"}[path],
+            return_logprobs=False,
+        )
+        for path in paths
+    }
+    print(
+        f"{info.name} on {gpu} ({device}); {args.new_tokens} decode steps per run, prompts of "
+        f"{prompt_tokens:.0f} tokens; bandwidth {bw / 1e12:.2f} TB/s from {bw_source}"
+    )
+    print(
+        f"{'batch':>6} "
+        + " ".join(f"{p + ' tok/s':>12} {p + ' ms/step':>14}" for p in paths)
+        + " "
+        + " ".join(f"{p + '/eager':>12}" for p in paths[1:])
+        + f" {'bound tok/s':>12} "
+        + " ".join(f"{p + '/bound':>11}" for p in paths[1:])
+    )
     rows = []
     for batch in batches:
         prompts = [prompt_ids[i % len(prompt_ids)] for i in range(batch)]
@@ -213,8 +286,13 @@ def main(argv=None) -> list[dict]:
             seconds[path], _ = timed_generate(engine, prompts, device, **fixed_length(args.new_tokens))
         tokens = batch * args.new_tokens
         bound = bound_tokens_per_s(engines["fast"].model, batch, prompt_tokens, args.new_tokens, bw, kv_bytes)
-        row = {"gpu": gpu, "model": info.name, "batch": batch, "new_tokens": args.new_tokens,
-               "bandwidth_bound_tokens_per_s": bound}
+        row = {
+            "gpu": gpu,
+            "model": info.name,
+            "batch": batch,
+            "new_tokens": args.new_tokens,
+            "bandwidth_bound_tokens_per_s": bound,
+        }
         for path in paths:
             row[f"{path}_tokens_per_s"] = tokens / seconds[path]
             row[f"{path}_ms_per_step"] = 1e3 * seconds[path] / args.new_tokens
@@ -223,19 +301,32 @@ def main(argv=None) -> list[dict]:
             row[f"{path}_fraction_of_bound"] = tokens / seconds[path] / bound
         if "fused" in paths:
             row["fused_over_fast"] = seconds["fast"] / seconds["fused"]
-        row.update({"prompt_tokens_mean": prompt_tokens, "bandwidth_bytes_per_s": bw, "bandwidth_source": bw_source,
-                    "fast_cuda_graphs": engines["fast"].decoder.use_graphs, "device": str(device),
-                    "torch": torch.__version__})
+        row.update(
+            {
+                "prompt_tokens_mean": prompt_tokens,
+                "bandwidth_bytes_per_s": bw,
+                "bandwidth_source": bw_source,
+                "fast_cuda_graphs": engines["fast"].decoder.use_graphs,
+                "device": str(device),
+                "torch": torch.__version__,
+            }
+        )
         rows.append(row)
-        print(f"{batch:>6} " + " ".join(f"{row[p + '_tokens_per_s']:>12,.0f} {row[p + '_ms_per_step']:>14.2f}"
-                                        for p in paths)
-              + " " + " ".join(f"{row[p + '_over_eager']:>12.2f}" for p in paths[1:]) + f" {bound:>12,.0f} "
-              + " ".join(f"{row[p + '_fraction_of_bound']:>11.1%}" for p in paths[1:]))
+        print(
+            f"{batch:>6} "
+            + " ".join(f"{row[p + '_tokens_per_s']:>12,.0f} {row[p + '_ms_per_step']:>14.2f}" for p in paths)
+            + " "
+            + " ".join(f"{row[p + '_over_eager']:>12.2f}" for p in paths[1:])
+            + f" {bound:>12,.0f} "
+            + " ".join(f"{row[p + '_fraction_of_bound']:>11.1%}" for p in paths[1:])
+        )
     if "fused" in paths:
         agreement = fused_agreement(model, tokenizer, device, prompt_ids, max(batches), min(64, args.new_tokens))
-        print(f"fused vs fast, greedy, {agreement['responses']} responses of up to {agreement['max_new_tokens']} "
-              f"tokens: {agreement['identical_fraction']:.0%} identical, mean |log-prob difference| "
-              f"{agreement['mean_abs_logprob_diff']:.2e} over shared prefixes")
+        print(
+            f"fused vs fast, greedy, {agreement['responses']} responses of up to {agreement['max_new_tokens']} "
+            f"tokens: {agreement['identical_fraction']:.0%} identical, mean |log-prob difference| "
+            f"{agreement['mean_abs_logprob_diff']:.2e} over shared prefixes"
+        )
         for row in rows:
             row["fused_agreement"] = agreement
     print("ms/step is wall time / decode steps, prefill included; the bound counts weights + KV reads only.")
@@ -245,8 +336,9 @@ def main(argv=None) -> list[dict]:
     print(f"wrote {out}")
     if args.task:
         study_out = out.with_name(f"{out.stem}-{args.task}.json")
-        study_rollouts(model, tokenizer, device, args.task, batches, args.group, args.new_tokens, gpu, info.name,
-                       out=study_out)
+        study_rollouts(
+            model, tokenizer, device, args.task, batches, args.group, args.new_tokens, gpu, info.name, out=study_out
+        )
         print(f"wrote {study_out}")
     return rows
 

@@ -25,11 +25,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-
 from grpo_knobs.grpo import Sequence, clipped_surrogate_loss, collate, pack_micro_batches, token_logprobs
 from grpo_knobs.models import load_model
-from grpo_knobs.packing import (memory_token_budget, score_packed, supports_packed, token_budget_micro_batches,
-                                update_packed)
+from grpo_knobs.packing import (
+    memory_token_budget,
+    score_packed,
+    supports_packed,
+    token_budget_micro_batches,
+    update_packed,
+)
 from grpo_knobs.runtime import resolve_device
 
 # Dense bf16 peak by GPU name (vendor datasheets); MFU is reported against this.
@@ -53,8 +57,13 @@ def model_flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
 def synthetic_batch(n: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0) -> list[Sequence]:
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(response_len // 4, response_len + 1, (n,), generator=g)  # varied, like real rollouts
-    return [Sequence(torch.randint(10, vocab, (prompt_len,), generator=g).tolist(),
-                     torch.randint(10, vocab, (int(r),), generator=g).tolist()) for r in lengths]
+    return [
+        Sequence(
+            torch.randint(10, vocab, (prompt_len,), generator=g).tolist(),
+            torch.randint(10, vocab, (int(r),), generator=g).tolist(),
+        )
+        for r in lengths
+    ]
 
 
 def collection_batch(model, tokenizer, device, task: str, n: int, group: int, max_new_tokens: int, seed: int = 0):
@@ -98,8 +107,9 @@ def _mismatch(engine_logp, trainer_logp: list[torch.Tensor]) -> float | None:
 
 
 def _autocast(device: torch.device):
-    return (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
-            else torch.autocast("cpu", enabled=False))
+    return (
+        torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    )
 
 
 def bench_padded(model, seqs, budget: int, device: torch.device, repeats: int) -> tuple[dict, list[torch.Tensor]]:
@@ -114,9 +124,17 @@ def bench_padded(model, seqs, budget: int, device: torch.device, repeats: int) -
         for mb, idx in zip(batches, micro):
             with _autocast(device):
                 logp = token_logprobs(model, mb)  # [m, R]
-            terms = clipped_surrogate_loss(logp, logp.detach(), adv[idx].to(device), mb.response_mask, clip_low=0.2,
-                                           clip_high=0.28, aggregation="sequence-mean", global_batch_size=len(seqs),
-                                           global_batch_tokens=resp_tokens)
+            terms = clipped_surrogate_loss(
+                logp,
+                logp.detach(),
+                adv[idx].to(device),
+                mb.response_mask,
+                clip_low=0.2,
+                clip_high=0.28,
+                aggregation="sequence-mean",
+                global_batch_size=len(seqs),
+                global_batch_tokens=resp_tokens,
+            )
             terms.loss.backward()
 
     scored: list[torch.Tensor] = [torch.empty(0)] * len(seqs)
@@ -133,14 +151,22 @@ def bench_padded(model, seqs, budget: int, device: torch.device, repeats: int) -
         torch.cuda.reset_peak_memory_stats()
     seconds, first = _timed(one_update, device, repeats)
     scoring, _ = _timed(one_scoring, device, repeats)
-    row = {"path": "padded", "max_tokens_per_micro_batch": budget, "micro_batches": len(micro), "tokens": n_tokens,
-           "padded_tokens": sum(b.input_ids.numel() for b in batches), "seconds_per_update": seconds,
-           "first_update_seconds": first, "seconds_per_scoring": scoring}
+    row = {
+        "path": "padded",
+        "max_tokens_per_micro_batch": budget,
+        "micro_batches": len(micro),
+        "tokens": n_tokens,
+        "padded_tokens": sum(b.input_ids.numel() for b in batches),
+        "seconds_per_update": seconds,
+        "first_update_seconds": first,
+        "seconds_per_scoring": scoring,
+    }
     return row, scored
 
 
-def bench_packed(model, seqs, budget: int, device: torch.device, repeats: int,
-                 compile: bool = False) -> tuple[dict, list[torch.Tensor]]:
+def bench_packed(
+    model, seqs, budget: int, device: torch.device, repeats: int, compile: bool = False
+) -> tuple[dict, list[torch.Tensor]]:
     adv = torch.randn(len(seqs), generator=torch.Generator().manual_seed(0))
     micro = token_budget_micro_batches([len(s) for s in seqs], budget)
     idx = list(range(len(seqs)))
@@ -161,9 +187,16 @@ def bench_packed(model, seqs, budget: int, device: torch.device, repeats: int,
         torch.cuda.reset_peak_memory_stats()
     seconds, first = _timed(one_update, device, repeats)
     scoring, _ = _timed(one_scoring, device, repeats)
-    row = {"path": "packed-compiled" if compile else "packed", "max_tokens_per_micro_batch": budget,
-           "micro_batches": len(micro), "tokens": n_tokens, "padded_tokens": n_tokens, "seconds_per_update": seconds,
-           "first_update_seconds": first, "seconds_per_scoring": scoring}
+    row = {
+        "path": "packed-compiled" if compile else "packed",
+        "max_tokens_per_micro_batch": budget,
+        "micro_batches": len(micro),
+        "tokens": n_tokens,
+        "padded_tokens": n_tokens,
+        "seconds_per_update": seconds,
+        "first_update_seconds": first,
+        "seconds_per_scoring": scoring,
+    }
     return row, scored[0]
 
 
@@ -173,9 +206,12 @@ def _finish(row: dict, model, seqs, device: torch.device) -> dict:
     peak = peak_flops(device)
     s, sc = row["seconds_per_update"], row["seconds_per_scoring"]
     return row | {
-        "responses": len(seqs), "response_tokens": sum(len(q.response_ids) for q in seqs),
-        "scoring_plus_update_over_update": (sc + s) / s, "tokens_per_s": row["tokens"] / s,
-        "scoring_tokens_per_s": row["tokens"] / sc, "model_tflops_per_s": flops / s / 1e12,
+        "responses": len(seqs),
+        "response_tokens": sum(len(q.response_ids) for q in seqs),
+        "scoring_plus_update_over_update": (sc + s) / s,
+        "tokens_per_s": row["tokens"] / s,
+        "scoring_tokens_per_s": row["tokens"] / sc,
+        "model_tflops_per_s": flops / s / 1e12,
         "mfu": (flops / s / peak) if peak else None,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
     }
@@ -201,15 +237,23 @@ def main(argv: list[str] | None = None) -> list[dict]:
     model.eval()
     engine_logp, source = None, {"source": "synthetic"}
     if a.task:
-        seqs, engine_logp, gen_s, rollout_path = collection_batch(model, tok, device, a.task, a.responses, a.group,
-                                                                  a.response_len)
-        source = {"source": "collection", "task": a.task, "group": a.group, "rollout_path": rollout_path,
-                  "generation_seconds": gen_s}
+        seqs, engine_logp, gen_s, rollout_path = collection_batch(
+            model, tok, device, a.task, a.responses, a.group, a.response_len
+        )
+        source = {
+            "source": "collection",
+            "task": a.task,
+            "group": a.group,
+            "rollout_path": rollout_path,
+            "generation_seconds": gen_s,
+        }
     else:
         seqs = synthetic_batch(a.responses, a.prompt_len, a.response_len, len(tok))
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"{len(seqs)} responses, {sum(len(s) for s in seqs):,} tokens "
-          f"({sum(len(s.response_ids) for s in seqs):,} response tokens, longest sequence {max(len(s) for s in seqs)})")
+    print(
+        f"{len(seqs)} responses, {sum(len(s) for s in seqs):,} tokens "
+        f"({sum(len(s.response_ids) for s in seqs):,} response tokens, longest sequence {max(len(s) for s in seqs)})"
+    )
     rows, reference = [], None
     runs = [("padded", int(b)) for b in a.budgets.split(",") if b]
     for b in (x for x in a.packed_budgets.split(",") if x):
@@ -219,8 +263,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             runs.append(("packed-compiled", budget))
     if any(p != "padded" for p, _ in runs) and not supports_packed(model):
         raise SystemExit(f"{type(model).__name__} is not supported by the packed path; pass --packed-budgets ''.")
-    print(f"{'path':>16} {'budget':>8} {'micro':>6} {'tokens/s':>12} {'TFLOP/s':>9} {'MFU':>7} {'s/update':>9} "
-          f"{'s/scoring':>9} {'scoring tok/s':>13} {'mismatch':>9} {'vs padded':>9}")
+    print(
+        f"{'path':>16} {'budget':>8} {'micro':>6} {'tokens/s':>12} {'TFLOP/s':>9} {'MFU':>7} {'s/update':>9} "
+        f"{'s/scoring':>9} {'scoring tok/s':>13} {'mismatch':>9} {'vs padded':>9}"
+    )
     for path, budget in runs:
         try:
             if path == "padded":
@@ -229,23 +275,36 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 row, scored = bench_packed(model, seqs, budget, device, a.repeats, compile=path == "packed-compiled")
         except Exception as exc:  # a failing variant (e.g. compilation) is recorded, the others still run
             print(f"{path:>16} {budget:>8} failed: {type(exc).__name__}: {str(exc)[:300]}")
-            rows.append({"gpu": gpu, "model": info.name, "path": path, "max_tokens_per_micro_batch": budget,
-                         "error": f"{type(exc).__name__}: {str(exc)[:2000]}"} | source)
+            rows.append(
+                {
+                    "gpu": gpu,
+                    "model": info.name,
+                    "path": path,
+                    "max_tokens_per_micro_batch": budget,
+                    "error": f"{type(exc).__name__}: {str(exc)[:2000]}",
+                }
+                | source
+            )
             continue
         reference = reference if reference is not None else scored
         row = {"gpu": gpu, "model": info.name} | source | _finish(row, model, seqs, device)
         row["engine_trainer_mismatch"] = _mismatch(engine_logp, scored)
         # Per-token agreement with the first row's (padded) log-probs on this device and dtype.
-        row["logprob_max_abs_diff_vs_first"] = float(max((x - y).abs().max() for x, y in zip(scored, reference)
-                                                         if x.numel()))
-        row["logprob_mean_abs_diff_vs_first"] = float(torch.cat([x - y for x, y in zip(scored, reference)]).abs().mean())
+        row["logprob_max_abs_diff_vs_first"] = float(
+            max((x - y).abs().max() for x, y in zip(scored, reference) if x.numel())
+        )
+        row["logprob_mean_abs_diff_vs_first"] = float(
+            torch.cat([x - y for x, y in zip(scored, reference)]).abs().mean()
+        )
         rows.append(row)
         mfu = f"{100 * row['mfu']:.1f}%" if row["mfu"] is not None else "n/a"
         mm = f"{row['engine_trainer_mismatch']:.4f}" if row["engine_trainer_mismatch"] is not None else "n/a"
-        print(f"{path:>16} {budget:>8} {row['micro_batches']:>6} {row['tokens_per_s']:>12,.0f} "
-              f"{row['model_tflops_per_s']:>9.2f} {mfu:>7} {row['seconds_per_update']:>9.3f} "
-              f"{row['seconds_per_scoring']:>9.3f} {row['scoring_tokens_per_s']:>13,.0f} {mm:>9} "
-              f"{row['logprob_mean_abs_diff_vs_first']:>9.2e}")
+        print(
+            f"{path:>16} {budget:>8} {row['micro_batches']:>6} {row['tokens_per_s']:>12,.0f} "
+            f"{row['model_tflops_per_s']:>9.2f} {mfu:>7} {row['seconds_per_update']:>9.3f} "
+            f"{row['seconds_per_scoring']:>9.3f} {row['scoring_tokens_per_s']:>13,.0f} {mm:>9} "
+            f"{row['logprob_mean_abs_diff_vs_first']:>9.2e}"
+        )
         if a.out:  # after every row: a run cut short keeps what it measured
             Path(a.out).parent.mkdir(parents=True, exist_ok=True)
             Path(a.out).write_text(json.dumps(rows, indent=2) + "\n")

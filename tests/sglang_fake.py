@@ -38,9 +38,21 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 # io_struct.py::UpdateWeightFromDiskReqInput, including BaseReq's rid and http_worker_ipc
-UPDATE_FROM_DISK_FIELDS = ("rid", "http_worker_ipc", "model_path", "load_format", "abort_all_requests",
-                           "weight_version", "is_async", "torch_empty_cache", "keep_pause", "recapture_cuda_graph",
-                           "token_step", "flush_cache", "manifest")
+UPDATE_FROM_DISK_FIELDS = (
+    "rid",
+    "http_worker_ipc",
+    "model_path",
+    "load_format",
+    "abort_all_requests",
+    "weight_version",
+    "is_async",
+    "torch_empty_cache",
+    "keep_pause",
+    "recapture_cuda_graph",
+    "token_step",
+    "flush_cache",
+    "manifest",
+)
 EOS = 2  # the tiny-random test model's eos_token_id
 
 
@@ -76,19 +88,32 @@ def completion(ids: list[int], params: dict, weight_version: str) -> dict:
         reason = {"type": "stop", "matched": EOS}
     else:
         tokens, reason = tokens[:2], {"type": "stop", "matched": EOS}
-    meta = {"id": uuid.uuid4().hex, "finish_reason": reason, "prompt_tokens": len(ids),
-            "weight_version": weight_version, "completion_tokens": len(tokens), "cached_tokens": 0,
-            "reasoning_tokens": 0,
-            "output_token_logprobs": [[-0.5 * (j + 1), t, None] for j, t in enumerate(tokens)]}
+    meta = {
+        "id": uuid.uuid4().hex,
+        "finish_reason": reason,
+        "prompt_tokens": len(ids),
+        "weight_version": weight_version,
+        "completion_tokens": len(tokens),
+        "cached_tokens": 0,
+        "reasoning_tokens": 0,
+        "output_token_logprobs": [[-0.5 * (j + 1), t, None] for j, t in enumerate(tokens)],
+    }
     return {"text": "", "output_ids": tokens, "meta_info": meta}
 
 
 def aborted(ids: list[int], weight_version: str) -> dict:
     """schedule_batch.py::FINISH_ABORT().to_json(): the request was dropped, with no error status."""
     reason = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
-    meta = {"id": uuid.uuid4().hex, "finish_reason": reason, "prompt_tokens": len(ids),
-            "weight_version": weight_version, "completion_tokens": 0, "cached_tokens": 0, "reasoning_tokens": 0,
-            "output_token_logprobs": []}
+    meta = {
+        "id": uuid.uuid4().hex,
+        "finish_reason": reason,
+        "prompt_tokens": len(ids),
+        "weight_version": weight_version,
+        "completion_tokens": 0,
+        "cached_tokens": 0,
+        "reasoning_tokens": 0,
+        "output_token_logprobs": [],
+    }
     return {"text": "", "output_ids": [], "meta_info": meta}
 
 
@@ -101,8 +126,10 @@ def generate(state: FakeState, body: dict) -> tuple[int, object]:
         return 400, {"error": {"message": "sampling_params and input_ids differ in length"}}
     version = "stale" if state.faults.get("stale_version") else state.weight_version
     n_abort = state.faults.pop("abort_rows", 0)
-    return 200, [aborted(ids, version) if i < n_abort else completion(ids, p, version)
-                 for i, (ids, p) in enumerate(zip(rows, params))]
+    return 200, [
+        aborted(ids, version) if i < n_abort else completion(ids, p, version)
+        for i, (ids, p) in enumerate(zip(rows, params))
+    ]
 
 
 def update_from_disk(state: FakeState, body: dict) -> tuple[int, object]:
@@ -127,8 +154,15 @@ def make_handler(state: FakeState):
             elif self.path == "/server_info":  # http_server.py::server_info: the launch settings plus these
                 self._reply(200, {"version": "fake", "frontend": "python", "weight_version": state.weight_version})
             elif self.path == "/fake/state":
-                self._reply(200, {"model_path": state.model_path, "weight_version": state.weight_version,
-                                  "requests": state.requests, "pid": os.getpid()})
+                self._reply(
+                    200,
+                    {
+                        "model_path": state.model_path,
+                        "weight_version": state.weight_version,
+                        "requests": state.requests,
+                        "pid": os.getpid(),
+                    },
+                )
             else:
                 self._reply(404, {"detail": "Not Found"})
 
@@ -186,8 +220,13 @@ def parse_launch_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--weight-version", default="default")
-    for flag, kind in (("--mem-fraction-static", float), ("--max-running-requests", int),
-                       ("--cuda-graph-max-bs-decode", int), ("--base-gpu-id", int), ("--random-seed", int)):
+    for flag, kind in (
+        ("--mem-fraction-static", float),
+        ("--max-running-requests", int),
+        ("--cuda-graph-max-bs-decode", int),
+        ("--base-gpu-id", int),
+        ("--random-seed", int),
+    ):
         p.add_argument(flag, type=kind)
     p.add_argument("--enable-deterministic-inference", action="store_true")
     return p.parse_args(argv)

@@ -20,7 +20,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
-
 from grpo_knobs import analysis as an
 from grpo_knobs import plots
 
@@ -69,7 +68,8 @@ def test_committed_fixture_matches_its_generator(tmp_path, monkeypatch):
 def test_load_study_keeps_complete_runs_and_lists_skipped(study):
     assert len(study.runs) == 18 + 1 + 18
     assert study.skipped.to_dict("records") == [
-        {"run_id": "gsm8k-screening-onpolicy-large-sqrt-s0", "status": "running"}]
+        {"run_id": "gsm8k-screening-onpolicy-large-sqrt-s0", "status": "running"}
+    ]
     assert (study.runs["status"] == "complete").all()
     assert study.tasks == ["gsm8k", "countdown"]
     assert study.synthetic
@@ -80,13 +80,31 @@ def test_load_study_keeps_complete_runs_and_lists_skipped(study):
 
 def test_load_study_schema(study):
     runs = study.runs
-    for col in ("run_id", "task", "phase", "arm", "label", "seed", "lr", *an.SHAPE_COLUMNS,
-                "generation_seconds", "trainer_seconds", "sync_seconds", "active_phase_seconds", "job_seconds",
-                "output_tokens", "final_accuracy", "initial_accuracy", "sample_auc", "test_accuracy"):
+    for col in (
+        "run_id",
+        "task",
+        "phase",
+        "arm",
+        "label",
+        "seed",
+        "lr",
+        *an.SHAPE_COLUMNS,
+        "generation_seconds",
+        "trainer_seconds",
+        "sync_seconds",
+        "active_phase_seconds",
+        "job_seconds",
+        "output_tokens",
+        "final_accuracy",
+        "initial_accuracy",
+        "sample_auc",
+        "test_accuracy",
+    ):
         assert col in runs.columns, col
     assert runs["run_id"].is_unique
-    np.testing.assert_allclose(runs["active_phase_seconds"],
-                               runs[["generation_seconds", "trainer_seconds", "sync_seconds"]].sum(axis=1))
+    np.testing.assert_allclose(
+        runs["active_phase_seconds"], runs[["generation_seconds", "trainer_seconds", "sync_seconds"]].sum(axis=1)
+    )
     assert set(study.evals.columns) >= set(an.EVAL_COLUMNS)
     assert (study.evals["split"] == "val").all() and (study.tests["split"] == "test").all()
     assert set(study.tests["run_id"]) == set(runs.loc[runs["phase"] == "confirmation", "run_id"])
@@ -126,6 +144,7 @@ def test_load_study_without_complete_runs_says_so(tmp_path):
     with pytest.raises(ValueError, match="no runs with status"):
         an.load_study(tmp_path)
 
+
 def test_load_study_lists_folders_without_config(tmp_path):
     _copy_run(tmp_path, "gsm8k-screening-split-4-s0")
     (tmp_path / "gsm8k-screening-split-2-s0").mkdir()  # failed before writing its config
@@ -140,11 +159,23 @@ def _evals(run_id: str, points: dict[int, list[float]]) -> pd.DataFrame:
     rows = []
     for responses, correct in points.items():
         for j, c in enumerate(correct):
-            rows.append({"run_id": run_id, "split": "val", "collections": responses // 128,
-                         "updates": responses // 128, "responses": responses, "output_tokens": 10 * responses,
-                         "active_seconds": responses / 100, "job_seconds": 5 + responses / 50,
-                         "problem_id": f"p{j}", "correct": c, "correct_strict": 0.0,
-                         "response_length": 10 * (j + 1), "truncated": j == 3})
+            rows.append(
+                {
+                    "run_id": run_id,
+                    "split": "val",
+                    "collections": responses // 128,
+                    "updates": responses // 128,
+                    "responses": responses,
+                    "output_tokens": 10 * responses,
+                    "active_seconds": responses / 100,
+                    "job_seconds": 5 + responses / 50,
+                    "problem_id": f"p{j}",
+                    "correct": c,
+                    "correct_strict": 0.0,
+                    "response_length": 10 * (j + 1),
+                    "truncated": j == 3,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -178,14 +209,24 @@ def test_curve_endpoints_on_fixture(study):
 
 # --- confirmation tables ----------------------------------------------------
 def _hand_runs() -> pd.DataFrame:
-    return pd.DataFrame({
-        "run_id": ["b1", "b2", "l1"], "task": "t", "label": ["Base", "Base", "Large"], "seed": [1, 2, 1],
-        "final_accuracy": [0.5, 0.6, 0.7], "test_accuracy": [0.4, 0.5, 0.6],
-        "generation_seconds": [600.0, 720.0, 300.0], "trainer_seconds": [120.0, 120.0, 60.0],
-        "sync_seconds": [6.0, 6.0, 3.0], "active_phase_seconds": [726.0, 846.0, 363.0],
-        "job_seconds": [900.0, 1020.0, 480.0], "output_tokens": [2_000_000, 3_000_000, 1_000_000],
-        "test_response_length": [100.0, 110.0, 90.0], "test_truncation_fraction": [0.0, 0.01, 0.002],
-    })
+    return pd.DataFrame(
+        {
+            "run_id": ["b1", "b2", "l1"],
+            "task": "t",
+            "label": ["Base", "Base", "Large"],
+            "seed": [1, 2, 1],
+            "final_accuracy": [0.5, 0.6, 0.7],
+            "test_accuracy": [0.4, 0.5, 0.6],
+            "generation_seconds": [600.0, 720.0, 300.0],
+            "trainer_seconds": [120.0, 120.0, 60.0],
+            "sync_seconds": [6.0, 6.0, 3.0],
+            "active_phase_seconds": [726.0, 846.0, 363.0],
+            "job_seconds": [900.0, 1020.0, 480.0],
+            "output_tokens": [2_000_000, 3_000_000, 1_000_000],
+            "test_response_length": [100.0, 110.0, 90.0],
+            "test_truncation_fraction": [0.0, 0.01, 0.002],
+        }
+    )
 
 
 def test_confirmation_run_table_units_and_order():
@@ -212,19 +253,36 @@ def test_truncation_range_per_task():
 def test_training_signals_average_collections_in_windows_of_the_largest_collection():
     def run(run_id, per_collection, rewards):
         n = len(rewards)
-        return pd.DataFrame({"run_id": run_id, "collection": range(n),
-                             "responses": per_collection * np.arange(1, n + 1), "reward_mean": rewards,
-                             "mixed_group_fraction": 0.5, "truncation_fraction": 0.0,
-                             "response_length_mean": np.arange(n, dtype=float)})
-    collections = pd.concat([run("small-s1", 4, [0.0, 0.2, 0.4, 0.6]), run("small-s2", 4, [0.2, 0.2, 0.2, 0.2]),
-                             run("large-s1", 8, [0.1, 0.5])], ignore_index=True)
-    runs = pd.DataFrame({"run_id": ["small-s1", "small-s2", "large-s1"], "task": "t",
-                         "label": ["small", "small", "large"]})
+        return pd.DataFrame(
+            {
+                "run_id": run_id,
+                "collection": range(n),
+                "responses": per_collection * np.arange(1, n + 1),
+                "reward_mean": rewards,
+                "mixed_group_fraction": 0.5,
+                "truncation_fraction": 0.0,
+                "response_length_mean": np.arange(n, dtype=float),
+            }
+        )
+
+    collections = pd.concat(
+        [
+            run("small-s1", 4, [0.0, 0.2, 0.4, 0.6]),
+            run("small-s2", 4, [0.2, 0.2, 0.2, 0.2]),
+            run("large-s1", 8, [0.1, 0.5]),
+        ],
+        ignore_index=True,
+    )
+    runs = pd.DataFrame(
+        {"run_id": ["small-s1", "small-s2", "large-s1"], "task": "t", "label": ["small", "small", "large"]}
+    )
     table = an.training_signals(collections, runs)
     reward = table[(table["signal"] == "reward_mean") & (table["label"] == "small")].sort_values("responses")
     assert reward["responses"].tolist() == [8, 16]  # windows of 8 responses: the large run's collection
     assert reward["mean"].tolist() == pytest.approx([15.0, 35.0])  # seeds 10 and 20, then 50 and 20
-    assert reward["min"].tolist() == pytest.approx([10.0, 20.0]) and reward["max"].tolist() == pytest.approx([20.0, 50.0])
+    assert reward["min"].tolist() == pytest.approx([10.0, 20.0]) and reward["max"].tolist() == pytest.approx(
+        [20.0, 50.0]
+    )
     assert (reward["n_seeds"] == 2).all()
     large = table[(table["signal"] == "reward_mean") & (table["label"] == "large")]
     assert large["mean"].tolist() == pytest.approx([10.0, 50.0])
@@ -237,8 +295,14 @@ def test_training_signals_average_collections_in_windows_of_the_largest_collecti
 
 
 def test_paired_job_times_pair_seeds_by_number():
-    runs = pd.DataFrame({"task": "t", "label": ["big"] * 3 + ["small"] * 4, "seed": [1, 2, 3, 1, 2, 3, 4],
-                         "job_seconds": [60.0, 120.0, 90.0, 120.0, 100.0, 180.0, 999.0]})
+    runs = pd.DataFrame(
+        {
+            "task": "t",
+            "label": ["big"] * 3 + ["small"] * 4,
+            "seed": [1, 2, 3, 1, 2, 3, 4],
+            "job_seconds": [60.0, 120.0, 90.0, 120.0, 100.0, 180.0, 999.0],
+        }
+    )
     table = an.paired_job_times(runs, "t", [("big", "small"), ("big", "absent")])
     assert len(table) == 1  # no common seed with "absent"; seed 4 has no partner
     row = table.iloc[0]
@@ -295,7 +359,8 @@ def test_time_to_target_table_on_fixture(study):
     summary = an.time_to_target_summary(table).set_index("recipe")
     assert summary.loc["Large one-update batch", "reached"] == "3/3"
     assert summary.loc["Two updates, retuned LR", "responses"] == (
-        "1/3 reached within (5,120, 6,144]; 2 not reached by 8,192 responses")
+        "1/3 reached within (5,120, 6,144]; 2 not reached by 8,192 responses"
+    )
 
 
 # --- group size, audit, screening -------------------------------------------
@@ -339,11 +404,13 @@ def test_screening_table_question_order(study):
 def test_reference_reproduces_the_published_phase_tables(reference):
     conf = reference[reference["phase"] == "confirmation"]
     g = an.phase_cost_table(conf[conf["task"] == "gsm8k"]).set_index("recipe").round(2)
-    assert g.loc["Small one-update baseline", ["generate_min", "trainer_min", "sync_min", "other_min",
-                                               "output_million_tokens"]].tolist() == [11.78, 7.68, 0.61, 5.50, 10.21]
+    assert g.loc[
+        "Small one-update baseline", ["generate_min", "trainer_min", "sync_min", "other_min", "output_million_tokens"]
+    ].tolist() == [11.78, 7.68, 0.61, 5.50, 10.21]
     c = an.phase_cost_table(conf[conf["task"] == "countdown"]).set_index("recipe").round(2)
-    assert c.loc["Four answers, four updates", ["generate_min", "trainer_min", "sync_min", "other_min",
-                                                "output_million_tokens"]].tolist() == [6.56, 3.69, 0.19, 3.29, 0.61]
+    assert c.loc[
+        "Four answers, four updates", ["generate_min", "trainer_min", "sync_min", "other_min", "output_million_tokens"]
+    ].tolist() == [6.56, 3.69, 0.19, 3.29, 0.61]
     runs = an.confirmation_run_table(conf[conf["task"] == "gsm8k"]).round(2)
     first = runs[(runs["recipe"] == "Small one-update baseline") & (runs["seed"] == 1)].iloc[0]
     assert first[["val_pct", "phase_min", "job_min"]].tolist() == [81.64, 18.17, 23.77]
@@ -389,9 +456,12 @@ def test_responses_to_target_and_prediction_on_fixture(study):
     # Decoding to the longest response (3x the mean in the fixture) costs more than the mean-length model.
     assert (pred["predicted_steps_active_s"] > pred["predicted_active_s"]).all()
     row = pred.set_index("arm").loc["onpolicy-small"]
-    generation = row["responses_needed"] / row["collection"] * row["longest_mean"] * 128 / row["benchmark_tokens_per_s"]
+    generation = (
+        row["responses_needed"] / row["collection"] * row["longest_mean"] * 128 / row["benchmark_tokens_per_s"]
+    )
     assert row["predicted_steps_active_s"] - row["predicted_active_s"] == pytest.approx(
-        generation - row["responses_needed"] * row["mean_length"] / row["benchmark_tokens_per_s"])
+        generation - row["responses_needed"] * row["mean_length"] / row["benchmark_tokens_per_s"]
+    )
     small = pred.set_index("arm").loc["onpolicy-small"]
     assert small["generation_batch"] == 128 and small["benchmark_tokens_per_s"] == pytest.approx(5142.86)
 
@@ -411,13 +481,21 @@ def test_load_rollout_benchmark_forms(tmp_path):
 
 # --- writing tables and figures ---------------------------------------------
 def test_write_table_csv_and_markdown(tmp_path):
-    table = pd.DataFrame({"recipe": ["a|b"], "lr": [3e-6], "val_pct": [81.640625], "censored": [np.nan],
-                          "seed_diffs_pp": [(14.000000000000002, 0.0, -42.0)]})
+    table = pd.DataFrame(
+        {
+            "recipe": ["a|b"],
+            "lr": [3e-6],
+            "val_pct": [81.640625],
+            "censored": [np.nan],
+            "seed_diffs_pp": [(14.000000000000002, 0.0, -42.0)],
+        }
+    )
     paths = an.write_table(table, tmp_path, "t", formats={"lr": ".1e"})
     assert [p.name for p in paths] == ["t.csv", "t.md"]
     assert (tmp_path / "t.md").read_text() == (
         "| recipe | lr | val_pct | censored | seed_diffs_pp |\n| --- | --- | --- | --- | --- |\n"
-        "| a\\|b | 3.0e-06 | 81.64 | n/a | 14.00, 0.00, -42.00 |\n")
+        "| a\\|b | 3.0e-06 | 81.64 | n/a | 14.00, 0.00, -42.00 |\n"
+    )
     csv = pd.read_csv(tmp_path / "t.csv")
     assert csv["val_pct"].tolist() == [81.640625] and csv["seed_diffs_pp"].tolist() == ["14.0; 0.0; -42.0"]
 
@@ -454,11 +532,14 @@ def test_every_figure_helper_draws(study):
     tables = {title: an.screening_table(screening, arms) for title, arms in an.SCREENING_QUESTIONS.values()}
     figures = {
         "time_to_target": plots.time_to_target_figure(
-            an.time_to_target_table(study.curves, conf, {"gsm8k": [88.59375, 93.59375]}), labels, "t"),
-        "group_size": plots.group_size_figure(an.mixed_group_points(study.collections, screening),
-                                              an.group_size_table(screening), "t"),
-        "reward_audit": plots.reward_audit_figure(an.reward_audit_summary(study.audits),
-                                                  an.initial_test_grading(study.initial_tests), "t"),
+            an.time_to_target_table(study.curves, conf, {"gsm8k": [88.59375, 93.59375]}), labels, "t"
+        ),
+        "group_size": plots.group_size_figure(
+            an.mixed_group_points(study.collections, screening), an.group_size_table(screening), "t"
+        ),
+        "reward_audit": plots.reward_audit_figure(
+            an.reward_audit_summary(study.audits), an.initial_test_grading(study.initial_tests), "t"
+        ),
         "screening": plots.screening_figure(tables, "t"),
         "training_signals": plots.training_signals_figure(an.training_signals(study.collections, conf), labels, "t"),
         "critical_batch": plots.critical_batch_figure(bench, measured, 512, train, 256, 1.2, pred, "t"),
@@ -470,10 +551,15 @@ def test_every_figure_helper_draws(study):
     plt.close("all")
 
 
-
 # --- incomplete studies: fallbacks ------------------------------------------
-def _subset_study(tmp_path: Path, runs: Sequence[str], name: str = "study", rename_arms: str = "",
-                  config: dict | None = None, drop: Sequence[str] = ()) -> Path:
+def _subset_study(
+    tmp_path: Path,
+    runs: Sequence[str],
+    name: str = "study",
+    rename_arms: str = "",
+    config: dict | None = None,
+    drop: Sequence[str] = (),
+) -> Path:
     """A study directory holding copies of some fixture runs.
 
     ``rename_arms`` prefixes every arm (so the study's arm names are absent),
@@ -493,9 +579,20 @@ def _subset_study(tmp_path: Path, runs: Sequence[str], name: str = "study", rena
     return root
 
 
-COUNTDOWN_SCREENING = [f"countdown-screening-{arm}-s0" for arm in (
-    "onpolicy-small", "split-2", "split-4", "split-8", "batch-256", "onpolicy-large",
-    "group-4", "group-16", "group-32")]
+COUNTDOWN_SCREENING = [
+    f"countdown-screening-{arm}-s0"
+    for arm in (
+        "onpolicy-small",
+        "split-2",
+        "split-4",
+        "split-8",
+        "batch-256",
+        "onpolicy-large",
+        "group-4",
+        "group-16",
+        "group-32",
+    )
+]
 
 
 def test_match_targets_exact_then_family_then_none():
@@ -540,9 +637,11 @@ def test_arms_are_derived_from_shapes_when_the_named_arms_are_absent(tmp_path, s
         assert sorted(derived.arms) == sorted("mini-" + a for a in arms)
         assert not an.screening_question_arms(named, slug).derived
     assert an.screening_question_arms(runs, "group_size").title == (
-        "Group size G at fixed B=128, S=4 (128/4/128/4 .. 16/32/128/4)")
+        "Group size G at fixed B=128, S=4 (128/4/128/4 .. 16/32/128/4)"
+    )
     assert an.group_arms(runs).note.startswith(
-        "group size arms derived from the runs (G varies at B=128, S=4, lr=3e-06)")
+        "group size arms derived from the runs (G varies at B=128, S=4, lr=3e-06)"
+    )
     assert an.training_batch_arms(runs).arms == ["mini-onpolicy-small", "mini-batch-256", "mini-onpolicy-large"]
     # Named arms win when two are present, in the given order.
     assert an.group_arms(named, ["group-32", "group-4", "absent"]).arms == ["group-32", "group-4"]
@@ -554,14 +653,18 @@ def test_study_without_group_arms_says_so(tmp_path):
     assert missing.arms == [] and not missing.derived
     assert "no runs that differ in G at a shared B, S, lr" in missing.note
     assert an.screening_question_arms(runs, "optimizer_batch").arms == []
-    assert an.screening_question_arms(runs, "collection_size").arms == [f"x-{a}" for a in (
-        "onpolicy-small", "split-2", "split-4", "split-8")]
+    assert an.screening_question_arms(runs, "collection_size").arms == [
+        f"x-{a}" for a in ("onpolicy-small", "split-2", "split-4", "split-8")
+    ]
     assert an.group_size_table(runs, missing.arms).empty
 
 
 def test_one_seed_without_test_rows(tmp_path):
-    root = _subset_study(tmp_path, ["countdown-confirmation-onpolicy-small-s1", "countdown-confirmation-group-4-s1"],
-                         drop=["test.parquet"])
+    root = _subset_study(
+        tmp_path,
+        ["countdown-confirmation-onpolicy-small-s1", "countdown-confirmation-group-4-s1"],
+        drop=["test.parquet"],
+    )
     one = an.load_study(root)
     assert one.tests.empty and one.runs["test_accuracy"].isna().all()
     runs = an.phase_runs(one.runs, "confirmation").runs
@@ -570,15 +673,20 @@ def test_one_seed_without_test_rows(tmp_path):
     assert (summary["accuracy_min_pct"] == summary["accuracy_max_pct"]).all()
     labels = an.recipe_order(runs, "countdown", one.selection)
     pairs, notes = an.comparable_pairs(runs, one.tests, "countdown", an.default_comparisons(labels))
-    assert pairs == [] and notes == ["countdown: no terminal test rows for any recipe; skipping the paired comparisons"]
+    assert pairs == [] and notes == [
+        "countdown: no terminal test rows for any recipe; skipping the paired comparisons"
+    ]
     assert an.truncation_table(runs)["test_truncation_pct"].isna().all()
     # With test rows back for one recipe only, the pair is still skipped, naming the missing one.
-    shutil.copy(STUDY_DIR / "countdown-confirmation-group-4-s1" / "test.parquet",
-                root / "countdown-confirmation-group-4-s1" / "test.parquet")
+    shutil.copy(
+        STUDY_DIR / "countdown-confirmation-group-4-s1" / "test.parquet",
+        root / "countdown-confirmation-group-4-s1" / "test.parquet",
+    )
     tested = an.load_study(root)
     pairs, notes = an.comparable_pairs(runs, tested.tests, "countdown", an.default_comparisons(labels))
     assert pairs == [] and notes == [
-        f"countdown: {labels[1]} versus {labels[0]} skipped: no terminal test rows for Small one-update baseline"]
+        f"countdown: {labels[1]} versus {labels[0]} skipped: no terminal test rows for Small one-update baseline"
+    ]
     assert labels == ["Four answers, four updates", "Small one-update baseline"]  # no selection.json: sorted
 
 
@@ -596,12 +704,18 @@ def test_load_study_ignores_output_folders_and_skips_runs_without_records(tmp_pa
     loaded = an.load_study(root)
     assert loaded.runs["run_id"].tolist() == ["countdown-screening-split-4-s0"]
     assert loaded.skipped.to_dict("records") == [
-        {"run_id": "countdown-screening-split-2-s0", "status": "complete, but no evals.parquet"}]
+        {"run_id": "countdown-screening-split-2-s0", "status": "complete, but no evals.parquet"}
+    ]
 
 
 def test_select_benchmark_matches_model_and_gpu():
-    bench = pd.concat([an.load_rollout_benchmark(BENCHMARK).assign(gpu="h200"),
-                       an.load_rollout_benchmark(BENCHMARK).assign(gpu="b200")], ignore_index=True)
+    bench = pd.concat(
+        [
+            an.load_rollout_benchmark(BENCHMARK).assign(gpu="h200"),
+            an.load_rollout_benchmark(BENCHMARK).assign(gpu="b200"),
+        ],
+        ignore_index=True,
+    )
     runs = pd.DataFrame({"model": ["synthetic-model"], "device": ["cuda"], "gpu": ["NVIDIA B200"]})
     rows, note = an.select_benchmark(bench, runs)
     assert note is None and set(rows["gpu"]) == {"b200"}
@@ -633,8 +747,9 @@ def test_figure_helpers_on_sparse_data(study):
     assert plots.axis_units("active_seconds", [0, 33.4]) == ("Active phase seconds", 1.0)
     screening = _runs(study, "countdown", "screening")
     two = ["group-4", "group-16"]
-    fig = plots.group_size_figure(an.mixed_group_points(study.collections, screening, two),
-                                  an.group_size_table(screening, two), "t")
+    fig = plots.group_size_figure(
+        an.mixed_group_points(study.collections, screening, two), an.group_size_table(screening, two), "t"
+    )
     assert [line.get_label() for line in fig.axes[0].get_lines()] == ["formula G=4", "formula G=16"]
     bench = an.load_rollout_benchmark(BENCHMARK)
     measured = an.measured_generation_throughput(study.collections, screening)
@@ -665,20 +780,41 @@ def _run_notebook_inprocess(name: str, **params) -> None:
     plt.close("all")
 
 
-ANALYSIS_NOTEBOOKS = ("50_learning_curves", "51_confirmation", "52_time_to_target", "53_group_size",
-                      "54_reward_audit", "55_screening", "56_critical_batch", "57_categories")
+ANALYSIS_NOTEBOOKS = (
+    "50_learning_curves",
+    "51_confirmation",
+    "52_time_to_target",
+    "53_group_size",
+    "54_reward_audit",
+    "55_screening",
+    "56_critical_batch",
+    "57_categories",
+)
 
 
 def test_every_notebook_runs_on_incomplete_studies(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     # Like the H200 pilot: one run of an unplanned phase, a task variant, no test rows, no
     # selection, audit or initial model.
-    pilot = _subset_study(tmp_path, ["countdown-confirmation-onpolicy-large-s1"], name="pilot",
-                          config={"phase": "pilot", "task": "countdown-2x10"}, drop=["test.parquet"])
+    pilot = _subset_study(
+        tmp_path,
+        ["countdown-confirmation-onpolicy-large-s1"],
+        name="pilot",
+        config={"phase": "pilot", "task": "countdown-2x10"},
+        drop=["test.parquet"],
+    )
     # Like the smoke study: screening arms under other names, confirmation with two seeds.
-    smoke = _subset_study(tmp_path, ["countdown-screening-onpolicy-small-s0", "countdown-screening-split-2-s0",
-                                     "countdown-screening-group-4-s0", "countdown-screening-split-4-s0"],
-                          name="smoke", rename_arms="mini-")
+    smoke = _subset_study(
+        tmp_path,
+        [
+            "countdown-screening-onpolicy-small-s0",
+            "countdown-screening-split-2-s0",
+            "countdown-screening-group-4-s0",
+            "countdown-screening-split-4-s0",
+        ],
+        name="smoke",
+        rename_arms="mini-",
+    )
     for study_dir, out in ((pilot, tmp_path / "pilot-figs"), (smoke, tmp_path / "smoke-figs")):
         for name in ANALYSIS_NOTEBOOKS:
             params = {"study_dir": str(study_dir), "out_dir": str(out)}
@@ -697,13 +833,23 @@ def test_every_notebook_runs_on_incomplete_studies(tmp_path, monkeypatch, capsys
     assert "countdown: no optimizer batch arms" in printed
     assert "no run stored sampled completions (samples.jsonl.gz); these records predate them" in printed
     assert sorted(p.name for p in (tmp_path / "pilot-figs").glob("*.png")) == [
-        "category_curves_pilot_countdown-2x10.png", "collapse_pilot_countdown-2x10.png",
-        "critical_batch_countdown-2x10.png", "learning_curves_pilot_countdown-2x10.png",
-        "time_to_target_pilot_countdown-2x10.png", "training_signals_pilot_countdown-2x10.png"]
+        "category_curves_pilot_countdown-2x10.png",
+        "collapse_pilot_countdown-2x10.png",
+        "critical_batch_countdown-2x10.png",
+        "learning_curves_pilot_countdown-2x10.png",
+        "time_to_target_pilot_countdown-2x10.png",
+        "training_signals_pilot_countdown-2x10.png",
+    ]
     assert sorted(p.name for p in (tmp_path / "smoke-figs").glob("*.png")) == [
-        "category_curves_screening_countdown.png", "collapse_screening_countdown.png",
-        "critical_batch_countdown.png", "group_size_countdown.png", "learning_curves_screening_countdown.png",
-        "screening_countdown.png", "time_to_target_screening_countdown.png", "training_signals_screening_countdown.png"]
+        "category_curves_screening_countdown.png",
+        "collapse_screening_countdown.png",
+        "critical_batch_countdown.png",
+        "group_size_countdown.png",
+        "learning_curves_screening_countdown.png",
+        "screening_countdown.png",
+        "time_to_target_screening_countdown.png",
+        "training_signals_screening_countdown.png",
+    ]
 
 
 def test_responses_to_target_without_a_target_for_the_studys_task_is_empty(study):
@@ -800,7 +946,8 @@ def test_categories_of_the_committed_countdown_records(h200_mini):
     # The 34% plateau: most evaluations at 17/50 solve exactly the 17 addition problems.
     exact = an.exact_category_solutions(evals)
     assert exact[["category", "accuracy_pct", "evaluations", "evaluations_at_accuracy"]].values.tolist() == [
-        ["+", 34.0, 33, 44]]
+        ["+", 34.0, 33, 44]
+    ]
     confirm = runs[runs["phase"] == "confirmation"]
     tests, _ = an.tag_categories(h200_mini.tests[h200_mini.tests["run_id"].isin(confirm["run_id"])], confirm)
     parts = an.category_decomposition(tests, confirm, "countdown-2x10", [("batch-256", "onpolicy-small")])
@@ -848,8 +995,15 @@ def test_collapse_rule_needs_a_long_enough_streak_after_learning_began(study):
 def test_collapse_ignores_the_all_wrong_start_and_reports_recovery():
     runs = pd.DataFrame({"run_id": ["r"], "task": ["t"], "phase": ["p"], "label": ["x"], "arm": ["x"], "seed": [0]})
     zero = [1.0, 1.0, 1.0, 0.5, 0.95, 0.95, 0.6, 0.92, 0.93, 0.99]
-    collections = pd.DataFrame({"run_id": "r", "collection": range(10), "responses": np.arange(1, 11) * 512,
-                                "reward_mean": 0.3, "mixed_group_fraction": 1 - np.array(zero)})
+    collections = pd.DataFrame(
+        {
+            "run_id": "r",
+            "collection": range(10),
+            "responses": np.arange(1, 11) * 512,
+            "reward_mean": 0.3,
+            "mixed_group_fraction": 1 - np.array(zero),
+        }
+    )
     points = an.collapse_points(an.zero_advantage_series(collections, runs), an.CollapseRule(0.9, 1024))
     assert points.loc[0, ["collapsed", "collapse_collection", "streak", "to_end"]].tolist() == [True, 4, 2, False]
     strict = an.collapse_points(an.zero_advantage_series(collections, runs), an.CollapseRule(0.9, 1536))
@@ -881,8 +1035,11 @@ def test_completion_examples_at_start_middle_and_end():
     samples = an.load_samples(STUDY_DIR / "countdown-confirmation-onpolicy-small-s1")
     collections = sorted(samples["collection"].unique())
     stages = examples.groupby("stage", sort=False)["collection"].first()
-    assert stages.to_dict() == {"start": collections[0], "middle": collections[len(collections) // 2],
-                                "end": collections[-1]}
+    assert stages.to_dict() == {
+        "start": collections[0],
+        "middle": collections[len(collections) // 2],
+        "end": collections[-1],
+    }
     assert examples.groupby("stage")["reward"].apply(lambda r: r.is_unique).all()
     assert an.completion_examples(STUDY_DIR / "countdown-confirmation-onpolicy-small-s2").empty
     short = an.completion_examples(STUDY_DIR / "countdown-confirmation-onpolicy-small-s1", max_chars=10)
@@ -918,9 +1075,10 @@ def test_collapse_and_category_figures_draw(study):
     curves = an.category_curves(evals, runs)
     cats = an.category_order(curves["category"])
     fig = plots.category_curves_figure(curves, labels, cats, "t")
-    assert [ax.get_title() for ax in fig.axes] == [f"{c} ({n} problems)" for c, n in
-                                                   zip(cats, curves.drop_duplicates("category").set_index("category")
-                                                       .loc[cats, "problems"])]
+    assert [ax.get_title() for ax in fig.axes] == [
+        f"{c} ({n} problems)"
+        for c, n in zip(cats, curves.drop_duplicates("category").set_index("category").loc[cats, "problems"])
+    ]
     plt.close("all")
 
 
@@ -983,4 +1141,5 @@ def test_decode_path_note_only_when_paths_mix(study):
     assert an.decode_path_note(runs, "countdown") is None
     runs["rollout_path"] = np.where(runs["seed"] == 3, "fused", None)
     assert an.decode_path_note(runs, "countdown").startswith(
-        "countdown: runs used more than one decode path (runs per path: fused 3, unrecorded 6)")
+        "countdown: runs used more than one decode path (runs per path: fused 3, unrecorded 6)"
+    )

@@ -11,18 +11,52 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_rollout_benchmark_cpu(tmp_path):
     out = tmp_path / "rollout-cpu.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.rollout", "--model", "tiny-random", "--batches", "2,4",
-                           "--new-tokens", "8", "--device", "cpu", "--out", str(out), "--task", "countdown-2x10", "--group", "2"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.rollout",
+            "--model",
+            "tiny-random",
+            "--batches",
+            "2,4",
+            "--new-tokens",
+            "8",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+            "--task",
+            "countdown-2x10",
+            "--group",
+            "2",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "not measured" in proc.stdout  # CPU rows say their bandwidth is a flag value
     rows = json.loads(out.read_text())
     assert [r["batch"] for r in rows] == [2, 4]
     for r in rows:
         assert r["gpu"] == "cpu" and r["model"] == "tiny-random" and r["new_tokens"] == 8
-        for field in ("eager_tokens_per_s", "fast_tokens_per_s", "fused_tokens_per_s", "bandwidth_bound_tokens_per_s",
-                      "eager_ms_per_step", "fast_ms_per_step", "fused_ms_per_step", "fused_over_fast"):
+        for field in (
+            "eager_tokens_per_s",
+            "fast_tokens_per_s",
+            "fused_tokens_per_s",
+            "bandwidth_bound_tokens_per_s",
+            "eager_ms_per_step",
+            "fast_ms_per_step",
+            "fused_ms_per_step",
+            "fused_over_fast",
+        ):
             assert r[field] > 0
         assert r["fused_agreement"]["identical_fraction"] == 1.0  # float32 on CPU: the same greedy text
     study = json.loads((tmp_path / "rollout-cpu-countdown-2x10.json").read_text())
@@ -35,21 +69,57 @@ def test_rollout_benchmark_cpu(tmp_path):
 
 def test_train_benchmark_cpu(tmp_path):
     out = tmp_path / "train-cpu.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.train", "--model", "tiny-random", "--budgets", "64,256",
-                           "--packed-budgets", "64,256", "--responses", "8", "--prompt-len", "8", "--response-len", "16",
-                           "--repeats", "1", "--device", "cpu", "--out", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.train",
+            "--model",
+            "tiny-random",
+            "--budgets",
+            "64,256",
+            "--packed-budgets",
+            "64,256",
+            "--responses",
+            "8",
+            "--prompt-len",
+            "8",
+            "--response-len",
+            "16",
+            "--repeats",
+            "1",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())
     assert [(r["path"], r["max_tokens_per_micro_batch"]) for r in rows] == [
-        ("padded", 64), ("padded", 256), ("packed", 64), ("packed", 256)]
+        ("padded", 64),
+        ("padded", 256),
+        ("packed", 64),
+        ("packed", 256),
+    ]
     assert rows[0]["micro_batches"] > rows[1]["micro_batches"]  # a smaller budget packs more micro-batches
     for r in rows:
         assert r["gpu"] == "cpu" and r["model"] == "tiny-random" and r["responses"] == 8 and r["mfu"] is None
         assert r["tokens"] <= r["padded_tokens"] and r["source"] == "synthetic"
         assert r["seconds_per_update"] > 0 and r["seconds_per_scoring"] > 0 and r["tokens_per_s"] > 0
-        assert r["scoring_plus_update_over_update"] == (r["seconds_per_scoring"] + r["seconds_per_update"]) / r["seconds_per_update"]
+        assert (
+            r["scoring_plus_update_over_update"]
+            == (r["seconds_per_scoring"] + r["seconds_per_update"]) / r["seconds_per_update"]
+        )
         assert r["logprob_max_abs_diff_vs_first"] < 1e-4  # float32 on CPU: both paths score the same log-probs
     packed = [r for r in rows if r["path"] == "packed"]
     assert all(r["padded_tokens"] == r["tokens"] for r in packed)  # no padding
@@ -57,11 +127,42 @@ def test_train_benchmark_cpu(tmp_path):
 
 def test_train_benchmark_cpu_on_a_real_collection(tmp_path):
     out = tmp_path / "train-cpu.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.train", "--model", "tiny-random", "--budgets", "256",
-                           "--packed-budgets", "256", "--task", "countdown-2x10", "--group", "2", "--responses", "4",
-                           "--response-len", "8", "--repeats", "1", "--device", "cpu", "--out", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.train",
+            "--model",
+            "tiny-random",
+            "--budgets",
+            "256",
+            "--packed-budgets",
+            "256",
+            "--task",
+            "countdown-2x10",
+            "--group",
+            "2",
+            "--responses",
+            "4",
+            "--response-len",
+            "8",
+            "--repeats",
+            "1",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())
     assert [r["path"] for r in rows] == ["padded", "packed"]
@@ -72,11 +173,35 @@ def test_train_benchmark_cpu_on_a_real_collection(tmp_path):
 
 def test_decode_profile_cpu(tmp_path):
     out = tmp_path / "decode-profile-cpu.json"
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.decode_profile", "--model", "tiny-random", "--batch", "4",
-                           "--steps", "4", "--paths", "fast,fused", "--device", "cpu", "--out", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.decode_profile",
+            "--model",
+            "tiny-random",
+            "--batch",
+            "4",
+            "--steps",
+            "4",
+            "--paths",
+            "fast,fused",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())
     assert [r["path"] for r in rows] == ["fast", "fused"]
@@ -90,11 +215,37 @@ def test_decode_profile_cpu(tmp_path):
 
 def test_decode_kernels_cpu(tmp_path):
     out = tmp_path / "decode-kernels-cpu.json"
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.decode_kernels", "--model", "tiny-random", "--batch", "2",
-                           "--kv-lens", "16,32", "--sweep", "16,32:1:2", "--reps", "1", "--device", "cpu",
-                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.decode_kernels",
+            "--model",
+            "tiny-random",
+            "--batch",
+            "2",
+            "--kv-lens",
+            "16,32",
+            "--sweep",
+            "16,32:1:2",
+            "--reps",
+            "1",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())
     kernels = [r["kernel"] for r in rows]

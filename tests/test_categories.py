@@ -6,7 +6,6 @@ import dataclasses
 from fractions import Fraction
 
 import pytest
-
 from grpo_knobs import data
 from grpo_knobs.data import load_split
 
@@ -26,8 +25,12 @@ def test_category_agrees_with_brute_force_on_countdown_2x10():
         for problem in load_split("countdown-2x10", split):
             a, b = problem.numbers
             target = Fraction(int(problem.answer))
-            ops = {op for op in "+-*/" for x, y in ((a, b), (b, a))
-                   if (y != 0 or op != "/") and data.combine(op, Fraction(x), Fraction(y)) == target}
+            ops = {
+                op
+                for op in "+-*/"
+                for x, y in ((a, b), (b, a))
+                if (y != 0 or op != "/") and data.combine(op, Fraction(x), Fraction(y)) == target
+            }
             assert problem.category == "|".join(sorted(ops, key="+-*/".index)), problem
 
 

@@ -9,7 +9,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-
 from grpo_knobs import conventions, study
 from grpo_knobs.config import RunConfig
 from grpo_knobs.conventions import UnrepresentableError, from_trl, from_verl, to_trl
@@ -40,9 +39,12 @@ def _rest(cfg: RunConfig, covered: dict) -> dict:
 
 def _trl_grpo_config():
     """TRL's own GRPOConfig class, when trl==1.16.0 is installed (pip install --no-deps trl==1.16.0)."""
-    grpo_config = pytest.importorskip("trl.trainer.grpo_config", reason="trl is not installed: the GRPOConfig "
-                                      "checks are skipped (pip install --no-deps trl==1.16.0)")
+    grpo_config = pytest.importorskip(
+        "trl.trainer.grpo_config",
+        reason="trl is not installed: the GRPOConfig checks are skipped (pip install --no-deps trl==1.16.0)",
+    )
     import trl
+
     if trl.__version__ != conventions.TRL_VERSION:
         pytest.skip(f"trl {trl.__version__} installed; these checks are for trl=={conventions.TRL_VERSION}")
     return grpo_config.GRPOConfig
@@ -67,9 +69,21 @@ def test_trl_round_trip(cfg):
     settings = cfg.to_trl()
     back = from_trl(settings)
     # the four knobs, the budget and the algorithm's settings all come back from TRL's names alone
-    assert {"rollout_batch_size", "n_samples_per_prompt", "global_batch_size", "num_steps_per_rollout",
-            "response_budget", "clip_low", "clip_high", "std_normalize_advantages", "loss_aggregation", "kl_coef",
-            "lr", "max_new_tokens", "temperature"} <= set(back)
+    assert {
+        "rollout_batch_size",
+        "n_samples_per_prompt",
+        "global_batch_size",
+        "num_steps_per_rollout",
+        "response_budget",
+        "clip_low",
+        "clip_high",
+        "std_normalize_advantages",
+        "loss_aggregation",
+        "kl_coef",
+        "lr",
+        "max_new_tokens",
+        "temperature",
+    } <= set(back)
     assert RunConfig.from_trl(settings, **_rest(cfg, back)) == cfg
     p, g, b, s = cfg.rollout_batch_size, cfg.n_samples_per_prompt, cfg.global_batch_size, cfg.num_steps_per_rollout
     assert settings["generation_batch_size"] == p * g  # TRL's generation_batch_size is a collection, P x G
@@ -137,7 +151,10 @@ TRL_REFUSALS = [
     ({"top_k": 50}, "top_k=50"),
     ({"entropy_coef": 0.01}, "entropy_coef=0.01"),
     ({"gradient_accumulation_steps": 2, "steps_per_generation": 3}, "steps_per_generation=3"),
-    ({"generation_batch_size": 36, "num_generations": 8, "per_device_train_batch_size": 4}, "generation_batch_size=36"),
+    (
+        {"generation_batch_size": 36, "num_generations": 8, "per_device_train_batch_size": 4},
+        "generation_batch_size=36",
+    ),
     ({"generation_batch_size": 64, "steps_per_generation": 3}, "generation_batch_size=64"),
     ({"max_steps": 5, "steps_per_generation": 2}, "max_steps=5"),
 ]
@@ -185,21 +202,35 @@ def test_verl_defaults_are_refused_until_grpo_is_chosen():
     with pytest.raises(UnrepresentableError, match="adv_estimator='gae'.*clip_ratio_c=3.0"):
         RunConfig.from_verl({})
     # verl's own defaults otherwise: 1024 prompts, n=1 ... and ppo_mini_batch_size counts prompts
-    got = from_verl({"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 8,
-                     "actor_rollout_ref.actor.clip_ratio_c": 1e9})
+    got = from_verl(
+        {
+            "algorithm.adv_estimator": "grpo",
+            "actor_rollout_ref.rollout.n": 8,
+            "actor_rollout_ref.actor.clip_ratio_c": 1e9,
+        }
+    )
     assert (got["rollout_batch_size"], got["global_batch_size"], got["num_steps_per_rollout"]) == (1024, 2048, 4)
     assert got["loss_aggregation"] == "token-mean" and got["kl_coef"] == 0.0
 
 
 def test_to_trl_and_to_verl_refuse_what_they_cannot_express():
-    uneven = RunConfig(rollout_batch_size=3, n_samples_per_prompt=4, global_batch_size=6, response_budget=12,
-                       eval_every_responses=12)
+    uneven = RunConfig(
+        rollout_batch_size=3, n_samples_per_prompt=4, global_batch_size=6, response_budget=12, eval_every_responses=12
+    )
     with pytest.raises(UnrepresentableError, match="global_batch_size=6"):
         uneven.to_verl()  # B=6 is not whole groups of G=4: verl's mini-batch counts prompts
     with pytest.raises(UnrepresentableError, match="global_batch_size=6"):
         uneven.to_trl(num_processes=4)
-    token_mean = RunConfig(**(STUDY_CONFIGS[0].to_dict() | {"loss_aggregation": "token-mean", "num_steps_per_rollout": 2,
-                                                            "global_batch_size": STUDY_CONFIGS[0].global_batch_size // 2}))
+    token_mean = RunConfig(
+        **(
+            STUDY_CONFIGS[0].to_dict()
+            | {
+                "loss_aggregation": "token-mean",
+                "num_steps_per_rollout": 2,
+                "global_batch_size": STUDY_CONFIGS[0].global_batch_size // 2,
+            }
+        )
+    )
     with pytest.raises(UnrepresentableError, match="loss_aggregation='token-mean'"):
         token_mean.to_trl()
     assert from_verl(token_mean.to_verl())["loss_aggregation"] == "token-mean"
@@ -219,6 +250,7 @@ def test_dr_grpo_and_kl_round_trip():
 
 def _re(text: str) -> str:
     import re
+
     return re.escape(text)
 
 
@@ -234,8 +266,9 @@ def test_generation_batch_size_is_a_deprecated_alias(tmp_path):
         assert RunConfig.from_yaml(tmp_path / "run.yaml").max_concurrent_sequences == 48
     # papermill injects the old name after the parameters cell, which holds the new name's default
     with pytest.warns(DeprecationWarning):
-        cfg = RunConfig.from_parameters({"max_concurrent_sequences": 512, "generation_batch_size": 16, "seed": 3,
-                                         "In": [], "cfg": None})
+        cfg = RunConfig.from_parameters(
+            {"max_concurrent_sequences": 512, "generation_batch_size": 16, "seed": 3, "In": [], "cfg": None}
+        )
     assert (cfg.max_concurrent_sequences, cfg.seed) == (16, 3)
 
 
@@ -252,6 +285,7 @@ def test_recorded_configs_with_the_old_name_still_load():
 
 def test_config_drift_reads_the_old_name(tmp_path):
     from grpo_knobs.study.run import _config_drift
+
     cfg = RunConfig(output_dir=str(tmp_path), run_id="r", max_concurrent_sequences=256)
     record = cfg.to_dict()
     record["generation_batch_size"] = record.pop("max_concurrent_sequences")
@@ -266,8 +300,11 @@ def test_no_file_uses_the_old_name_outside_records():
     hits = []
     for folder in ("lib", "notebooks", "studies", "benchmarks", "docs"):
         for path in (ROOT / folder).rglob("*"):
-            if path.is_file() and path.suffix in (".py", ".ipynb", ".yaml", ".md") \
-                    and "generation_batch_size" in path.read_text(errors="ignore"):
+            if (
+                path.is_file()
+                and path.suffix in (".py", ".ipynb", ".yaml", ".md")
+                and "generation_batch_size" in path.read_text(errors="ignore")
+            ):
                 hits.append(str(path.relative_to(ROOT)))
     # the mapping to TRL names TRL's key, and the config keeps the alias
     assert sorted(hits) == ["docs/conventions.md", "lib/grpo_knobs/config.py", "lib/grpo_knobs/conventions.py"]
@@ -275,13 +312,29 @@ def test_no_file_uses_the_old_name_outside_records():
 
 # ----------------------------------------------------------------------------- grpo-knobs knobs
 def test_knobs_prints_trl_and_verl_settings():
-    out = subprocess.run([sys.executable, "-m", "grpo_knobs.cli", "knobs", "--rollout-batch-size", "64",
-                          "--n-samples-per-prompt", "8", "--global-batch-size", "128"],
-                         capture_output=True, text=True, check=True).stdout.splitlines()
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpo_knobs.cli",
+            "knobs",
+            "--rollout-batch-size",
+            "64",
+            "--n-samples-per-prompt",
+            "8",
+            "--global-batch-size",
+            "128",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     assert out[0] == "P=64 prompts x G=8 samples = 512 responses per collection, consumed as S=4 updates of B=128"
     trl = next(line for line in out if line.startswith("TRL"))
     verl = next(line for line in out if line.startswith("verl"))
     assert "num_generations=8 generation_batch_size=512 per_device_train_batch_size=128" in trl
     assert "gradient_accumulation_steps=1 num_iterations=1" in trl
-    assert ("data.train_batch_size=64 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=16 "
-            "actor_rollout_ref.actor.ppo_epochs=1") in verl
+    assert (
+        "data.train_batch_size=64 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=16 "
+        "actor_rollout_ref.actor.ppo_epochs=1"
+    ) in verl

@@ -10,7 +10,6 @@ import shutil
 from fractions import Fraction
 
 import pytest
-
 from grpo_knobs import data, prompts
 from grpo_knobs.data import DataHashMismatch, load_split
 from grpo_knobs.verifiers import grade_countdown, grade_gsm8k
@@ -198,9 +197,7 @@ def _two_number_instances(high):
     return len(instances)
 
 
-@pytest.mark.parametrize(
-    "task, high, total", [("countdown-2x10", 10, 170), ("countdown-2x20", 20, 654)]
-)
+@pytest.mark.parametrize("task, high, total", [("countdown-2x10", 10, 170), ("countdown-2x20", 20, 654)])
 def test_enumerated_variants_cover_the_space(task, high, total):
     assert _two_number_instances(high) == total
     rows = data.task_info(task)["rows"]
@@ -227,16 +224,12 @@ def test_countdown_generation_is_seeded():
     assert first != list(itertools.islice(data._sampled_instances(other), 300))
     small = data.TASKS["countdown-2x10"]
     assert data._enumerated_instances(small) == data._enumerated_instances(small)
-    assert data._enumerated_instances(small) != data._enumerated_instances(
-        dataclasses.replace(small, seed=1)
-    )
+    assert data._enumerated_instances(small) != data._enumerated_instances(dataclasses.replace(small, seed=1))
 
 
 def test_sampling_a_tiny_space_fails_clearly(monkeypatch):
     monkeypatch.setattr(data, "MAX_SAMPLING_MISSES", 2_000)
-    spec = dataclasses.replace(
-        data.TASKS["countdown-2x10"], name="tiny", method="sample", train_size=500
-    )
+    spec = dataclasses.replace(data.TASKS["countdown-2x10"], name="tiny", method="sample", train_size=500)
     with pytest.raises(ValueError, match="enumerate"):
         data.countdown_splits.__wrapped__(spec)
 

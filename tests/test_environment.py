@@ -22,4 +22,13 @@ def test_conda_pip_section_matches_pyproject():
 def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
     assert "make test" in readme and "make study" in readme
-    assert "make test" in (ROOT / ".ci" / "run").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in ci
+    # A fresh clone with nothing beside it: what a user who clones the repository has.
+    assert "git clone" in ci and "test ! -e ../shared" in ci
+
+
+def test_the_test_command_lints_and_checks_formatting():
+    make = (ROOT / "Makefile").read_text()
+    target = make[make.index("\ntest: setup") :].split("\n\n")[0]
+    assert "ruff check ." in target and "ruff format --check ." in target

@@ -4,18 +4,24 @@ import math
 
 import pytest
 import torch
+from grpo_knobs.grpo import (
+    Sequence,
+    clipped_surrogate_loss,
+    collate,
+    group_advantages,
+    mixed_group_fraction,
+    pack_micro_batches,
+    token_logprobs,
+)
 from transformers import LlamaConfig, LlamaForCausalLM
-
-from grpo_knobs.grpo import (Sequence, clipped_surrogate_loss, collate, group_advantages, mixed_group_fraction,
-                             pack_micro_batches, token_logprobs)
 
 
 def test_advantages_use_bessel_std_and_zero_equal_groups():
     r = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0])
     a = group_advantages(r, 4)
-    mean, std = 0.25, math.sqrt(((0.75 ** 2) + 3 * 0.25 ** 2) / 3)  # sample std
-    assert a[0].item() == pytest.approx(0.75 / (std + 1e-6))
-    assert a[1].item() == pytest.approx(-0.25 / (std + 1e-6))
+    mean, std = 0.25, math.sqrt(((0.75**2) + 3 * 0.25**2) / 3)  # sample std
+    assert a[0].item() == pytest.approx((1.0 - mean) / (std + 1e-6))
+    assert a[1].item() == pytest.approx((0.0 - mean) / (std + 1e-6))
     assert torch.equal(a[4:], torch.zeros(4))  # all-equal group contributes exactly zero
     assert a[:4].sum().item() == pytest.approx(0.0, abs=1e-6)
 
@@ -44,12 +50,30 @@ def test_clip_is_asymmetric():
     mask = torch.ones(1, 4)
     # ratios 0.5, 0.9, 1.2, 1.5 against positive advantage: only the high side can clip (> 1.28)
     logp = torch.log(torch.tensor([[0.5, 0.9, 1.2, 1.5]]))
-    t = clipped_surrogate_loss(logp, old, torch.tensor([1.0]), mask, clip_low=0.2, clip_high=0.28,
-                               aggregation="sequence-mean", global_batch_size=1, global_batch_tokens=4)
+    t = clipped_surrogate_loss(
+        logp,
+        old,
+        torch.tensor([1.0]),
+        mask,
+        clip_low=0.2,
+        clip_high=0.28,
+        aggregation="sequence-mean",
+        global_batch_size=1,
+        global_batch_tokens=4,
+    )
     assert t.clipped_high == 1 and t.clipped_low == 0
     assert t.loss.item() == pytest.approx(-(0.5 + 0.9 + 1.2 + 1.28) / 4)
-    t = clipped_surrogate_loss(logp, old, torch.tensor([-1.0]), mask, clip_low=0.2, clip_high=0.28,
-                               aggregation="sequence-mean", global_batch_size=1, global_batch_tokens=4)
+    t = clipped_surrogate_loss(
+        logp,
+        old,
+        torch.tensor([-1.0]),
+        mask,
+        clip_low=0.2,
+        clip_high=0.28,
+        aggregation="sequence-mean",
+        global_batch_size=1,
+        global_batch_tokens=4,
+    )
     assert t.clipped_low == 1 and t.clipped_high == 0  # 0.5 < 0.8 with negative advantage
     assert t.loss.item() == pytest.approx((0.8 + 0.9 + 1.2 + 1.5) / 4)
 
@@ -58,10 +82,28 @@ def test_sequence_mean_and_token_mean_differ_as_defined():
     logp = torch.zeros(2, 3, requires_grad=True)
     mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
     adv = torch.tensor([1.0, 1.0])
-    seq = clipped_surrogate_loss(logp, torch.zeros(2, 3), adv, mask, clip_low=0.2, clip_high=0.28,
-                                 aggregation="sequence-mean", global_batch_size=2, global_batch_tokens=4)
-    tok = clipped_surrogate_loss(logp, torch.zeros(2, 3), adv, mask, clip_low=0.2, clip_high=0.28,
-                                 aggregation="token-mean", global_batch_size=2, global_batch_tokens=4)
+    seq = clipped_surrogate_loss(
+        logp,
+        torch.zeros(2, 3),
+        adv,
+        mask,
+        clip_low=0.2,
+        clip_high=0.28,
+        aggregation="sequence-mean",
+        global_batch_size=2,
+        global_batch_tokens=4,
+    )
+    tok = clipped_surrogate_loss(
+        logp,
+        torch.zeros(2, 3),
+        adv,
+        mask,
+        clip_low=0.2,
+        clip_high=0.28,
+        aggregation="token-mean",
+        global_batch_size=2,
+        global_batch_tokens=4,
+    )
     seq_grad = torch.autograd.grad(seq.loss, logp)[0]
     tok_grad = torch.autograd.grad(tok.loss, logp)[0]
     assert seq_grad[0, 0].item() == pytest.approx(-0.5) and seq_grad[1, 0].item() == pytest.approx(-1 / 6)
@@ -73,14 +115,24 @@ def test_k3_kl_penalty_is_zero_at_reference_and_positive_elsewhere():
     logp = torch.tensor([[-1.0, -2.0]])
     kw = dict(clip_low=0.2, clip_high=0.28, aggregation="token-mean", global_batch_size=1, global_batch_tokens=2)
     same = clipped_surrogate_loss(logp, logp, torch.tensor([0.0]), torch.ones(1, 2), ref_logp=logp, kl_coef=0.1, **kw)
-    diff = clipped_surrogate_loss(logp, logp, torch.tensor([0.0]), torch.ones(1, 2), ref_logp=logp - 0.5, kl_coef=0.1, **kw)
+    diff = clipped_surrogate_loss(
+        logp, logp, torch.tensor([0.0]), torch.ones(1, 2), ref_logp=logp - 0.5, kl_coef=0.1, **kw
+    )
     assert same.loss.item() == pytest.approx(0.0) and diff.loss.item() > 0
 
 
 def _tiny_model(seed=0):
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -90,7 +142,11 @@ def _sequences(n=7, seed=1):
     for _ in range(n):
         p = int(torch.randint(2, 9, (1,), generator=g))
         r = int(torch.randint(1, 12, (1,), generator=g))
-        out.append(Sequence(torch.randint(3, 50, (p,), generator=g).tolist(), torch.randint(3, 50, (r,), generator=g).tolist()))
+        out.append(
+            Sequence(
+                torch.randint(3, 50, (p,), generator=g).tolist(), torch.randint(3, 50, (r,), generator=g).tolist()
+            )
+        )
     return out
 
 
@@ -100,9 +156,9 @@ def test_token_logprobs_match_single_sequence_forward():
     batched = token_logprobs(model, mb)
     for i, s in enumerate(seqs):
         ids = torch.tensor([s.prompt_ids + s.response_ids])
-        logits = model(ids).logits[0, len(s.prompt_ids) - 1:-1]  # [r, V]
+        logits = model(ids).logits[0, len(s.prompt_ids) - 1 : -1]  # [r, V]
         ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(s.response_ids)[:, None])[:, 0]
-        torch.testing.assert_close(batched[i, :len(s.response_ids)], ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(batched[i, : len(s.response_ids)], ref, atol=1e-5, rtol=1e-5)
 
 
 def _update_grads(model, seqs, groups, aggregation):
@@ -115,9 +171,23 @@ def _update_grads(model, seqs, groups, aggregation):
     for idx in groups:
         mb = collate([seqs[i] for i in idx], 0)
         r = mb.response_ids.size(1)
-        old_mb = torch.stack([torch.nn.functional.pad(old[i, :len(seqs[i].response_ids)], (0, r - len(seqs[i].response_ids))) for i in idx])
-        t = clipped_surrogate_loss(token_logprobs(model, mb), old_mb, adv[idx], mb.response_mask, clip_low=0.2,
-                                   clip_high=0.28, aggregation=aggregation, global_batch_size=len(seqs), global_batch_tokens=n_tokens)
+        old_mb = torch.stack(
+            [
+                torch.nn.functional.pad(old[i, : len(seqs[i].response_ids)], (0, r - len(seqs[i].response_ids)))
+                for i in idx
+            ]
+        )
+        t = clipped_surrogate_loss(
+            token_logprobs(model, mb),
+            old_mb,
+            adv[idx],
+            mb.response_mask,
+            clip_low=0.2,
+            clip_high=0.28,
+            aggregation=aggregation,
+            global_batch_size=len(seqs),
+            global_batch_tokens=n_tokens,
+        )
         t.loss.backward()
     return torch.cat([p.grad.flatten() for p in model.parameters()])
 

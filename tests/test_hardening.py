@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from grpo_knobs.config import RunConfig, parse_overrides
 from grpo_knobs.locks import LockedError, exclusive, run_lock_path
 from grpo_knobs.records import RunDir
@@ -32,8 +31,15 @@ def _env() -> dict[str, str]:
 
 
 def _cli(*args: str, cwd: Path, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "grpo_knobs.cli", *args], cwd=cwd, env=_env(), capture_output=True,
-                          text=True, timeout=300, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "grpo_knobs.cli", *args],
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        **kw,
+    )
 
 
 def _wait_for(predicate, proc: subprocess.Popen, what: str, timeout: float = 240) -> None:
@@ -87,8 +93,14 @@ def test_two_studies_on_one_directory_the_second_stops_at_once(tmp_path):
     plan = _write_plan(tmp_path / "plan.yaml", screening={"arms": ["t-small", "t-split"], "response_budget": 48})
     study_dir = tmp_path / "study"
     args = ["study", str(plan), "--study-dir", str(study_dir), "--executor", "inprocess", "--phase", "screening"]
-    first = subprocess.Popen([sys.executable, "-m", "grpo_knobs.cli", *args], cwd=tmp_path, env=_env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "grpo_knobs.cli", *args],
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lock = study_dir / ".locks" / "study.lock"
     _wait_for(lambda: lock.exists() and "PID" in lock.read_text(), first, "the first study to take its lock")
     t0 = time.time()
@@ -121,14 +133,24 @@ def _alive(pid: int) -> bool:
 def test_workers_die_with_their_study(tmp_path):
     plan = _write_plan(tmp_path / "plan.yaml", screening={"arms": ["t-small", "t-split"], "response_budget": 64})
     study_dir = tmp_path / "study"
-    code = (f"from grpo_knobs.study import run_study; run_study({str(plan)!r}, study_dir={str(study_dir)!r}, "
-            "jobs=2, executor='inprocess', phases=['screening'], progress=False)")
-    parent = subprocess.Popen([sys.executable, "-c", code], env=_env(), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    _wait_for(lambda: len(_children(parent.pid)) == 2 and all(
-        (RunDir(study_dir / r).state() or {}).get("status") == "running"
-        for r in ("screening-countdown-2x10-t-small-s0", "screening-countdown-2x10-t-split-s0")),
-        parent, "both workers to start their runs")
+    code = (
+        f"from grpo_knobs.study import run_study; run_study({str(plan)!r}, study_dir={str(study_dir)!r}, "
+        "jobs=2, executor='inprocess', phases=['screening'], progress=False)"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code], env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    _wait_for(
+        lambda: (
+            len(_children(parent.pid)) == 2
+            and all(
+                (RunDir(study_dir / r).state() or {}).get("status") == "running"
+                for r in ("screening-countdown-2x10-t-small-s0", "screening-countdown-2x10-t-split-s0")
+            )
+        ),
+        parent,
+        "both workers to start their runs",
+    )
     workers = _children(parent.pid)
     parent.kill()
     parent.wait()
@@ -141,15 +163,17 @@ def test_workers_die_with_their_study(tmp_path):
 # ----------------------------------------------------------------------------- crash-safe state
 def _run_killed(cfg: RunConfig, patch: str) -> None:
     """Run ``cfg`` in a fresh process whose ``patch`` code SIGKILLs it at one exact point."""
-    code = "\n".join([
-        "import os, signal",
-        "import grpo_knobs.trainer as T",
-        "from grpo_knobs.config import RunConfig",
-        "def die():",
-        "    os.kill(os.getpid(), signal.SIGKILL)",
-        textwrap.dedent(patch),
-        f"T.train(RunConfig.from_dict({cfg.to_dict()!r}), progress=False)",
-    ])
+    code = "\n".join(
+        [
+            "import os, signal",
+            "import grpo_knobs.trainer as T",
+            "from grpo_knobs.config import RunConfig",
+            "def die():",
+            "    os.kill(os.getpid(), signal.SIGKILL)",
+            textwrap.dedent(patch),
+            f"T.train(RunConfig.from_dict({cfg.to_dict()!r}), progress=False)",
+        ]
+    )
     proc = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
 
@@ -185,8 +209,11 @@ T.save_checkpoint = save
 """
 
 
-@pytest.mark.parametrize("patch, left", [(KILL_AT_SECOND_SAVE_BEFORE_RENAME, 1), (KILL_AT_SECOND_SAVE_AFTER_RENAME, 2)],
-                         ids=["before-rename", "after-rename"])
+@pytest.mark.parametrize(
+    "patch, left",
+    [(KILL_AT_SECOND_SAVE_BEFORE_RENAME, 1), (KILL_AT_SECOND_SAVE_AFTER_RENAME, 2)],
+    ids=["before-rename", "after-rename"],
+)
 def test_a_kill_while_saving_state_resumes_from_the_newest_intact_state(reference, tmp_path, patch, left):
     ref_cfg, ref = reference
     cfg = RunConfig.from_dict(ref_cfg.to_dict() | {"output_dir": str(tmp_path)})
@@ -244,8 +271,10 @@ def test_resume_counts_the_new_process_start_as_init(tmp_path):
 def test_phase_clock_restore_keeps_this_process_init():
     clock = PhaseClock()
     clock.seconds["init"] = 2.0
-    clock.restore({"generation": 5.0, "trainer": 3.0, "sync": 0.1, "evaluation": 1.0, "checkpoint": 0.5,
-                   "init": 4.0}, job_seconds=20.0)
+    clock.restore(
+        {"generation": 5.0, "trainer": 3.0, "sync": 0.1, "evaluation": 1.0, "checkpoint": 0.5, "init": 4.0},
+        job_seconds=20.0,
+    )
     assert clock.seconds["init"] == 6.0 and clock.seconds["generation"] == 5.0 and clock.offset == 20.0
 
 
@@ -254,28 +283,47 @@ def test_a_failed_setup_leaves_no_run_directory(tmp_path):
     with pytest.raises(Exception):
         train(bad, progress=False)
     assert not bad.run_dir.exists()
-    good = RunConfig.from_dict(bad.to_dict() | {"model": "tiny-random", "response_budget": 16,
-                                                 "eval_every_responses": 16})
+    good = RunConfig.from_dict(
+        bad.to_dict() | {"model": "tiny-random", "response_budget": 16, "eval_every_responses": 16}
+    )
     assert RunDir(train(good, progress=False)).is_complete()  # the corrected rerun is not refused
 
 
 # ----------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("raw, expected", [
-    ("resume=no", False), ("resume=off", False), ("resume=yes", True), ("resume=true", True),
-    ("save_checkpoint=off", False), ("std_normalize_advantages=no", False), ("std_normalize_advantages=1", True),
-    ("fast_rollout=on", "on"), ("num_steps_per_rollout=null", 1), ("lr=3e-6", 3e-6), ("seed=7", 7),
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("resume=no", False),
+        ("resume=off", False),
+        ("resume=yes", True),
+        ("resume=true", True),
+        ("save_checkpoint=off", False),
+        ("std_normalize_advantages=no", False),
+        ("std_normalize_advantages=1", True),
+        ("fast_rollout=on", "on"),
+        ("num_steps_per_rollout=null", 1),
+        ("lr=3e-6", 3e-6),
+        ("seed=7", 7),
+    ],
+)
 def test_values_are_parsed_to_their_declared_types(raw, expected):
     key = raw.split("=")[0]
     assert getattr(RunConfig.from_dict(parse_overrides([raw])), key) == expected
 
 
-@pytest.mark.parametrize("raw, message", [
-    ("resume=maybe", "resume must be true or false"), ("seed=1.5", "seed must be an integer"),
-    ("seed=abc", "seed must be an integer"), ("resume_every_collections=1.5", "must be an integer"),
-    ("lr=abc", "lr must be a number"), ("temperature=abc", "temperature must be a number"),
-    ("weight_decay=abc", "weight_decay must be a number"), ("micro_batch_size=2.0", "write 2"),
-])
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ("resume=maybe", "resume must be true or false"),
+        ("seed=1.5", "seed must be an integer"),
+        ("seed=abc", "seed must be an integer"),
+        ("resume_every_collections=1.5", "must be an integer"),
+        ("lr=abc", "lr must be a number"),
+        ("temperature=abc", "temperature must be a number"),
+        ("weight_decay=abc", "weight_decay must be a number"),
+        ("micro_batch_size=2.0", "write 2"),
+    ],
+)
 def test_bad_values_give_one_line_naming_the_field(raw, message):
     with pytest.raises(ValueError, match=message):
         RunConfig.from_dict(parse_overrides([raw]))
@@ -288,17 +336,23 @@ def test_direct_construction_checks_types_too():
         RunConfig(seed=1.5)
 
 
-@pytest.mark.parametrize("args, files, message", [
-    (["train", "--config", "bad.yaml"], {"bad.yaml": "lr: [1\nseed: 2\n"}, r"bad\.yaml: line 2, column 5: .*fix"),
-    (["train", "--config", "list.yaml"], {"list.yaml": "- 1\n"}, "expected a mapping"),
-    (["train", "--config", "absent.yaml"], {}, "No such file or directory: absent.yaml"),
-    (["train", "-p", "lr=abc"], {}, "lr must be a number, got 'abc'"),
-    (["train", "-p", "seed=1.5"], {}, "seed must be an integer"),
-    (["train", "-p", "lrr=1e-5"], {}, "did you mean 'lr'"),
-    (["train", "-p", "model=tiny-random", "-p", "device=cpu", "-p", "output_dir=/proc/no-such-dir"], {},
-     "No such file or directory: /proc/no-such-dir"),
-    (["plan", "no-such-preset"], {}, "no-such-preset"),
-])
+@pytest.mark.parametrize(
+    "args, files, message",
+    [
+        (["train", "--config", "bad.yaml"], {"bad.yaml": "lr: [1\nseed: 2\n"}, r"bad\.yaml: line 2, column 5: .*fix"),
+        (["train", "--config", "list.yaml"], {"list.yaml": "- 1\n"}, "expected a mapping"),
+        (["train", "--config", "absent.yaml"], {}, "No such file or directory: absent.yaml"),
+        (["train", "-p", "lr=abc"], {}, "lr must be a number, got 'abc'"),
+        (["train", "-p", "seed=1.5"], {}, "seed must be an integer"),
+        (["train", "-p", "lrr=1e-5"], {}, "did you mean 'lr'"),
+        (
+            ["train", "-p", "model=tiny-random", "-p", "device=cpu", "-p", "output_dir=/proc/no-such-dir"],
+            {},
+            "No such file or directory: /proc/no-such-dir",
+        ),
+        (["plan", "no-such-preset"], {}, "no-such-preset"),
+    ],
+)
 def test_the_cli_turns_expected_failures_into_one_line(tmp_path, args, files, message):
     for name, text in files.items():
         (tmp_path / name).write_text(text)
@@ -321,8 +375,15 @@ def _limit_file_size():
 def test_a_full_disk_is_one_line_and_keeps_the_error(tmp_path):
     cfg = tiny_cfg(tmp_path)
     args = ["train", *[a for k, v in cfg.to_dict().items() if v is not None for a in ("-p", f"{k}={v}")]]
-    proc = subprocess.run([sys.executable, "-m", "grpo_knobs.cli", *args], cwd=tmp_path, env=_env(),
-                          capture_output=True, text=True, timeout=300, preexec_fn=_limit_file_size)
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpo_knobs.cli", *args],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_limit_file_size,
+    )
     assert proc.returncode == 2
     err = [line for line in proc.stderr.splitlines() if line.startswith("grpo-knobs") or "Traceback" in line]
     assert len(err) == 1 and "(File too large); free disk space" in err[0], proc.stderr[-3000:]
@@ -330,9 +391,19 @@ def test_a_full_disk_is_one_line_and_keeps_the_error(tmp_path):
 
 def test_ctrl_c_leaves_a_resumable_run_and_says_how_to_resume(tmp_path):
     cfg = tiny_cfg(tmp_path, response_budget=96, eval_every_responses=32, resume_every_collections=1)
-    args = ["train", "--no-progress", *[a for k, v in cfg.to_dict().items() if v is not None for a in ("-p", f"{k}={v}")]]
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_knobs.cli", *args], cwd=tmp_path, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = [
+        "train",
+        "--no-progress",
+        *[a for k, v in cfg.to_dict().items() if v is not None for a in ("-p", f"{k}={v}")],
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grpo_knobs.cli", *args],
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     run = RunDir(cfg.run_dir)
     _wait_for(lambda: (run.state() or {}).get("collections_done", 0) >= 2, proc, "two collections")
     proc.send_signal(signal.SIGINT)

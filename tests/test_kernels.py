@@ -1,8 +1,8 @@
-"""The fused decode kernels against plain torch: compiled on a GPU, in Triton's interpreter on CPU (tests/conftest.py)."""
+"""The fused decode kernels against plain torch: compiled on a GPU, in Triton's interpreter on CPU
+(tests/conftest.py)."""
 
 import pytest
 import torch
-
 from grpo_knobs.rollout import kernels as K
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

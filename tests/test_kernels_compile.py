@@ -17,8 +17,10 @@ import pytest
 pytest.importorskip("triton")
 
 # head_dim D, query heads Hq, KV heads Hkv, hidden H, MLP width I, vocabulary V (config.json of each model)
-MODELS = {"smollm2-135m": dict(D=64, n_q=9, n_kv=3, H=576, I=1536, V=49152),
-          "qwen2.5-1.5b": dict(D=128, n_q=12, n_kv=2, H=1536, I=8960, V=151936)}
+MODELS = {
+    "smollm2-135m": dict(D=64, n_q=9, n_kv=3, H=576, I=1536, V=49152),
+    "qwen2.5-1.5b": dict(D=128, n_q=12, n_kv=2, H=1536, I=8960, V=151936),
+}
 
 SCRIPT = textwrap.dedent("""
     import json, sys
@@ -85,9 +87,19 @@ def test_fused_kernels_compile_for_sm90(model):
     import json
 
     env = dict(os.environ, TRITON_INTERPRET="0")  # the real compiler, not the interpreter conftest selects
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(MODELS[model])], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, json.dumps(MODELS[model])], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.splitlines() == [f"{name} ok" for name in (
-        "_add_rms_norm_kernel", "_add_rms_norm_kernel", "_rotary_cache_kernel", "_decode_attention_kernel",
-        "_decode_attention_kernel", "_silu_mul_kernel") + ("_sample_partial_kernel", "_sample_combine_kernel") * 2]
+    assert proc.stdout.splitlines() == [
+        f"{name} ok"
+        for name in (
+            "_add_rms_norm_kernel",
+            "_add_rms_norm_kernel",
+            "_rotary_cache_kernel",
+            "_decode_attention_kernel",
+            "_decode_attention_kernel",
+            "_silu_mul_kernel",
+        )
+        + ("_sample_partial_kernel", "_sample_combine_kernel") * 2
+    ]

@@ -7,10 +7,9 @@ import sys
 
 import numpy as np
 import pytest
+from grpo_knobs.knobs import LR_FOLLOWUP_ARM, STUDY_ARMS, BatchPlan, update_slices
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from grpo_knobs.knobs import LR_FOLLOWUP_ARM, STUDY_ARMS, BatchPlan, update_slices
 
 STUDY_TABLE = {  # arm: (P, G, B, S, lr multiplier), as the study lists them
     "onpolicy-small": (16, 8, 128, 1, 1.0),
@@ -31,7 +30,12 @@ STUDY_TABLE = {  # arm: (P, G, B, S, lr multiplier), as the study lists them
 def test_every_study_arm_validates_and_derives_its_steps(name):
     p, g, b, s, mult = STUDY_TABLE[name]
     arm = STUDY_ARMS[name]
-    assert (arm.rollout_batch_size, arm.n_samples_per_prompt, arm.global_batch_size, arm.num_steps_per_rollout) == (p, g, b, s)
+    assert (arm.rollout_batch_size, arm.n_samples_per_prompt, arm.global_batch_size, arm.num_steps_per_rollout) == (
+        p,
+        g,
+        b,
+        s,
+    )
     assert arm.lr_multiplier == pytest.approx(mult)
     derived = BatchPlan(p, g, b)
     assert derived.num_steps_per_rollout == s
@@ -48,8 +52,10 @@ def test_study_grid_has_eleven_arms_and_the_lr_followup():
 
 
 def test_group_sizes_expose_the_studys_prompt_counts():
-    exposed = {g: STUDY_ARMS[n].plan.prompts_exposed(16384) for n, g in
-               [("group-4", 4), ("split-4", 8), ("group-16", 16), ("group-32", 32)]}
+    exposed = {
+        g: STUDY_ARMS[n].plan.prompts_exposed(16384)
+        for n, g in [("group-4", 4), ("split-4", 8), ("group-16", 16), ("group-32", 32)]
+    }
     assert exposed == {4: 4096, 8: 2048, 16: 1024, 32: 512}
 
 
@@ -66,8 +72,17 @@ def test_nondividing_batch_is_refused_with_nearest_divisors():
     assert "global_batch_size=100" in str(e.value) and "64, 128" in str(e.value)
 
 
-@pytest.mark.parametrize("kw", [dict(rollout_batch_size=0), dict(n_samples_per_prompt=1), dict(global_batch_size=-8),
-                                dict(rollout_batch_size=16.0), dict(n_samples_per_prompt=True), dict(global_batch_size="128")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(rollout_batch_size=0),
+        dict(n_samples_per_prompt=1),
+        dict(global_batch_size=-8),
+        dict(rollout_batch_size=16.0),
+        dict(n_samples_per_prompt=True),
+        dict(global_batch_size="128"),
+    ],
+)
 def test_bad_values_are_refused(kw):
     args = dict(rollout_batch_size=16, n_samples_per_prompt=8, global_batch_size=128) | kw
     with pytest.raises(ValueError):
@@ -104,12 +119,41 @@ def test_accounting_is_exact_or_refused(p, g, b):
 
 
 def test_cli_prints_the_derived_plan_and_errors():
-    ok = subprocess.run([sys.executable, "-m", "grpo_knobs.cli", "knobs", "--rollout-batch-size", "64",
-                         "--n-samples-per-prompt", "8", "--global-batch-size", "512", "--json"],
-                        capture_output=True, text=True, check=True)
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpo_knobs.cli",
+            "knobs",
+            "--rollout-batch-size",
+            "64",
+            "--n-samples-per-prompt",
+            "8",
+            "--global-batch-size",
+            "512",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert json.loads(ok.stdout)["num_steps_per_rollout"] == 1
-    bad = subprocess.run([sys.executable, "-m", "grpo_knobs.cli", "knobs", "--rollout-batch-size", "64",
-                          "--n-samples-per-prompt", "8", "--global-batch-size", "500"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpo_knobs.cli",
+            "knobs",
+            "--rollout-batch-size",
+            "64",
+            "--n-samples-per-prompt",
+            "8",
+            "--global-batch-size",
+            "500",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "global_batch_size=500" in bad.stderr
 
 

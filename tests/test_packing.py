@@ -10,17 +10,33 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-
 from grpo_knobs.grpo import Sequence, clipped_surrogate_loss, collate, token_logprobs
-from grpo_knobs.packing import (STAT_NAMES, chunked_target_logprobs, merge_stats, pack, packed_hidden_states,
-                                packed_surrogate_loss, packed_token_logprobs, supports_packed, token_budget_micro_batches)
+from grpo_knobs.packing import (
+    STAT_NAMES,
+    chunked_target_logprobs,
+    merge_stats,
+    pack,
+    packed_hidden_states,
+    packed_surrogate_loss,
+    packed_token_logprobs,
+    supports_packed,
+    token_budget_micro_batches,
+)
+from transformers import LlamaConfig, LlamaForCausalLM
 
 
 def _tiny_model(seed=0):
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -30,8 +46,12 @@ def _sequences(n=7, seed=1, vocab=50):
     for _ in range(n):
         p = int(torch.randint(2, 9, (1,), generator=g))
         r = int(torch.randint(1, 12, (1,), generator=g))
-        out.append(Sequence(torch.randint(3, vocab, (p,), generator=g).tolist(),
-                            torch.randint(3, vocab, (r,), generator=g).tolist()))
+        out.append(
+            Sequence(
+                torch.randint(3, vocab, (p,), generator=g).tolist(),
+                torch.randint(3, vocab, (r,), generator=g).tolist(),
+            )
+        )
     return out
 
 
@@ -96,8 +116,17 @@ def _padded_update(model, seqs, adv, old, aggregation, n_tokens):
     r = mb.response_ids.size(1)
     logp = token_logprobs(model, mb)  # [m, R]
     old_mb = torch.stack([torch.nn.functional.pad(o, (0, r - o.numel())) for o in old])
-    t = clipped_surrogate_loss(logp, old_mb, adv, mb.response_mask, clip_low=0.2, clip_high=0.28,
-                               aggregation=aggregation, global_batch_size=len(seqs), global_batch_tokens=n_tokens)
+    t = clipped_surrogate_loss(
+        logp,
+        old_mb,
+        adv,
+        mb.response_mask,
+        clip_low=0.2,
+        clip_high=0.28,
+        aggregation=aggregation,
+        global_batch_size=len(seqs),
+        global_batch_tokens=n_tokens,
+    )
     return logp, t
 
 
@@ -108,8 +137,10 @@ def _compare(model, seqs, aggregation, logp_atol, rel):
         ref = token_logprobs(model, collate(seqs, 0))
         g = torch.Generator().manual_seed(5)
         # Ratios spread over [0.67, 1.49] so that both clip sides are exercised.
-        old = [ref[i, :len(s.response_ids)] + 0.8 * (torch.rand(len(s.response_ids), generator=g) - 0.5)
-               for i, s in enumerate(seqs)]
+        old = [
+            ref[i, : len(s.response_ids)] + 0.8 * (torch.rand(len(s.response_ids), generator=g) - 0.5)
+            for i, s in enumerate(seqs)
+        ]
     model.zero_grad()
     logp_pad, t = _padded_update(model, seqs, adv, old, aggregation, n_tokens)
     t.loss.backward()
@@ -120,22 +151,34 @@ def _compare(model, seqs, aggregation, logp_atol, rel):
     for idx in token_budget_micro_batches([len(s) for s in seqs], sum(len(s) for s in seqs) // 2 + 1):
         pb = pack([seqs[i] for i in idx])
         logp = packed_token_logprobs(model, pb)  # [Nr]
-        loss, st = packed_surrogate_loss(logp, torch.cat([old[i] for i in idx]), adv[idx], pb, clip_low=0.2,
-                                         clip_high=0.28, aggregation=aggregation, global_batch_size=len(seqs),
-                                         global_batch_tokens=n_tokens)
+        loss, st = packed_surrogate_loss(
+            logp,
+            torch.cat([old[i] for i in idx]),
+            adv[idx],
+            pb,
+            clip_low=0.2,
+            clip_high=0.28,
+            aggregation=aggregation,
+            global_batch_size=len(seqs),
+            global_batch_tokens=n_tokens,
+        )
         loss.backward()
         loss_packed += float(loss.detach())
         stats = merge_stats(stats, st)
         logp_packed.append(logp.detach())
     grad_packed = torch.cat([p.grad.flatten() for p in model.parameters()])
-    flat_pad = torch.cat([logp_pad[i, :len(s.response_ids)] for i, s in enumerate(seqs)]).detach()
+    flat_pad = torch.cat([logp_pad[i, : len(s.response_ids)] for i, s in enumerate(seqs)]).detach()
     torch.testing.assert_close(torch.cat(logp_packed), flat_pad, atol=logp_atol, rtol=0)
     assert loss_packed == pytest.approx(float(t.loss.detach()), rel=rel, abs=1e-7)
     assert float(grad_pad.norm()) > 1e-4  # a real gradient, not a vacuous match
     assert float(grad_packed.norm()) == pytest.approx(float(grad_pad.norm()), rel=rel)
     assert float((grad_packed - grad_pad).norm() / grad_pad.norm()) < 10 * rel
     named = dict(zip(STAT_NAMES, stats.tolist()))
-    assert named["tokens"] == t.tokens and named["clipped_low"] == t.clipped_low and named["clipped_high"] == t.clipped_high
+    assert (
+        named["tokens"] == t.tokens
+        and named["clipped_low"] == t.clipped_low
+        and named["clipped_high"] == t.clipped_high
+    )
     assert named["clipped_low"] > 0 and named["clipped_high"] > 0
     assert named["ratio_sum"] == pytest.approx(t.ratio_sum, rel=1e-5)
     assert named["approx_kl_sum"] == pytest.approx(t.approx_kl_sum, rel=1e-3, abs=1e-7)
@@ -157,8 +200,13 @@ def test_packed_matches_padded_on_smollm2():
     _compare(model, seqs, "sequence-mean", logp_atol=1e-4, rel=1e-4)
 
 
-@pytest.mark.parametrize("extra", [{}, {"kl_coef": 0.05, "loss_aggregation": "token-mean", "rollout_batch_size": 2,
-                                        "reuse_on_policy_logprobs": True}])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"kl_coef": 0.05, "loss_aggregation": "token-mean", "rollout_batch_size": 2, "reuse_on_policy_logprobs": True},
+    ],
+)
 def test_trainer_packed_and_padded_paths_agree(tmp_path, extra):
     """A whole first collection through the trainer on each path: same rollouts, same update statistics."""
     from grpo_knobs.config import RunConfig
@@ -167,11 +215,29 @@ def test_trainer_packed_and_padded_paths_agree(tmp_path, extra):
 
     rows = {}
     for path in ("padded", "packed"):
-        cfg = RunConfig(**({"task": "countdown-2x10", "model": "tiny-random", "rollout_batch_size": 4,
-                            "n_samples_per_prompt": 4, "global_batch_size": 8, "response_budget": 16,
-                            "eval_every_responses": 16, "eval_problems": 2, "max_new_tokens": 8, "lr": 1e-3, "seed": 3,
-                            "output_dir": str(tmp_path / path), "run_id": "t", "max_tokens_per_micro_batch": 40,
-                            "device": "cpu", "trainer_path": path} | extra))
+        cfg = RunConfig(
+            **(
+                {
+                    "task": "countdown-2x10",
+                    "model": "tiny-random",
+                    "rollout_batch_size": 4,
+                    "n_samples_per_prompt": 4,
+                    "global_batch_size": 8,
+                    "response_budget": 16,
+                    "eval_every_responses": 16,
+                    "eval_problems": 2,
+                    "max_new_tokens": 8,
+                    "lr": 1e-3,
+                    "seed": 3,
+                    "output_dir": str(tmp_path / path),
+                    "run_id": "t",
+                    "max_tokens_per_micro_batch": 40,
+                    "device": "cpu",
+                    "trainer_path": path,
+                }
+                | extra
+            )
+        )
         trainer = Trainer(cfg, progress=False)
         run = RunDir(trainer.run_loop())
         assert trainer.packed == (path == "packed")
@@ -209,7 +275,7 @@ def test_packed_matches_padded_on_cuda_in_bf16(compile):
     def padded(ctx):
         with torch.no_grad(), ctx():
             lp = token_logprobs(model, collate(seqs, 0, dev)).float().cpu()
-        return [lp[i, :len(s.response_ids)] for i, s in enumerate(seqs)]
+        return [lp[i, : len(s.response_ids)] for i, s in enumerate(seqs)]
 
     def padded_grad_norm(ctx, old):
         model.zero_grad()
@@ -224,14 +290,16 @@ def test_packed_matches_padded_on_cuda_in_bf16(compile):
 
     def err(x):
         return float(torch.cat([a - b for a, b in zip(x, ref)]).abs().mean())
+
     assert err(got) <= 1.5 * err(pad) + 1e-3, (err(got), err(pad))
 
     old = [r + 0.1 for r in ref]
     loss32, g32 = padded_grad_norm(fp32, old)
     loss16, g16 = padded_grad_norm(autocast, old)
     model.zero_grad()
-    cfg = type("C", (), dict(clip_low=0.2, clip_high=0.28, loss_aggregation="sequence-mean", kl_coef=0.0,
-                             temperature=1.0))
+    cfg = type(
+        "C", (), dict(clip_low=0.2, clip_high=0.28, loss_aggregation="sequence-mean", kl_coef=0.0, temperature=1.0)
+    )
     out = update_packed(model, seqs, list(range(len(seqs))), micro, adv, old, None, cfg, dev, autocast, compile)
     g_packed = float(torch.cat([p.grad.flatten() for p in model.parameters()]).norm())
     assert abs(out["loss"] - loss32) <= 1.5 * abs(loss16 - loss32) + 1e-3 * abs(loss32) + 1e-6
@@ -244,7 +312,15 @@ def _padded_update_cuda(model, seqs, adv, old, dev, ctx):
     with ctx():
         logp = token_logprobs(model, mb)  # [m, R]
     old_mb = torch.stack([torch.nn.functional.pad(o, (0, r - o.numel())) for o in old]).to(dev)
-    t = clipped_surrogate_loss(logp, old_mb, adv.to(dev), mb.response_mask, clip_low=0.2, clip_high=0.28,
-                               aggregation="sequence-mean", global_batch_size=len(seqs),
-                               global_batch_tokens=float(sum(len(s.response_ids) for s in seqs)))
+    t = clipped_surrogate_loss(
+        logp,
+        old_mb,
+        adv.to(dev),
+        mb.response_mask,
+        clip_low=0.2,
+        clip_high=0.28,
+        aggregation="sequence-mean",
+        global_batch_size=len(seqs),
+        global_batch_tokens=float(sum(len(s.response_ids) for s in seqs)),
+    )
     return logp, t

@@ -5,16 +5,19 @@ import os
 
 import pytest
 import torch
-
 from grpo_knobs.models import load_model
 from grpo_knobs.rollout import Generation, make_engine
 from grpo_knobs.rollout.hf import HFEngine, sample_tokens
 
 # The tiny model lives on the CPU, where the fused kernels run in Triton's interpreter; a GPU host
 # compiles them instead (tests/test_kernels.py runs them there, benchmarks.rollout times them).
-FUSED = pytest.param("fused", marks=pytest.mark.skipif(
-    torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
-    reason="the CPU model's fused path needs Triton's interpreter, which a GPU host does not select"))
+FUSED = pytest.param(
+    "fused",
+    marks=pytest.mark.skipif(
+        torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+        reason="the CPU model's fused path needs Triton's interpreter, which a GPU host does not select",
+    ),
+)
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +38,16 @@ def prompts(tiny):
 def staggered(tiny):
     """Eight prompts and weights under which their greedy responses stop after 3 to 12 tokens."""
     model, tokenizer = tiny
-    texts = ["The cat sat", "Seven plus five equals twelve, and eight", "A", "Dogs bark at night",
-             "one two three four five", "Rain", "Blue sky over the hills", "Numbers: 3 9 27"]
+    texts = [
+        "The cat sat",
+        "Seven plus five equals twelve, and eight",
+        "A",
+        "Dogs bark at night",
+        "one two three four five",
+        "Rain",
+        "Blue sky over the hills",
+        "Numbers: 3 9 27",
+    ]
     prompts = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
     first = HFEngine(model, tokenizer, fast=False).generate(prompts[:1], n=1, max_new_tokens=12, temperature=0, seed=0)
     return prompts, eos_likely(model, tokenizer, first.token_ids[0][5])
@@ -54,7 +65,7 @@ def scored_logprobs(model, prompt, response, temperature):
     """Teacher-forced log-probs of `response` after `prompt` under softmax(logits / T) (T = 0: at T = 1)."""
     ids = torch.tensor([prompt + response])  # [1, P + R]
     with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1:-1].float()  # [R, V]
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()  # [R, V]
     logits = logits / temperature if temperature > 0 else logits
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]  # [R]
 
@@ -69,7 +80,7 @@ def test_shapes_and_prompt_major_order(tiny, prompts):
     assert all(1 <= n <= 6 for n in gen.response_lengths)
     # greedy: the n copies agree, and each block is what that prompt alone produces
     for i, prompt in enumerate(prompts):
-        block = gen.token_ids[3 * i:3 * i + 3]
+        block = gen.token_ids[3 * i : 3 * i + 3]
         assert block[0] == block[1] == block[2]
         assert engine.generate([prompt], n=1, max_new_tokens=6, temperature=0, seed=0).token_ids[0] == block[0]
 
@@ -118,7 +129,7 @@ def test_greedy_is_argmax(tiny, prompts, fast):
     for prompt, response in zip(prompts, gen.token_ids):
         ids = torch.tensor([prompt + response])
         with torch.no_grad():
-            argmax = model(ids).logits[0, len(prompt) - 1:-1].argmax(-1)  # [R]
+            argmax = model(ids).logits[0, len(prompt) - 1 : -1].argmax(-1)  # [R]
         assert argmax.tolist() == response
 
 
@@ -267,8 +278,12 @@ def test_ignore_eos_runs_every_step(tiny, prompts):
 def test_smollm2_smoke():
     model, tokenizer, _ = load_model("smollm2-135m-instruct")
     questions = ["What is 2+3?", "Name a primary color.", "Say hello."]
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                             tokenize=True, return_dict=True)["input_ids"] for q in questions]
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+        for q in questions
+    ]
     gen = make_engine("hf", model, tokenizer).generate(prompts, n=1, max_new_tokens=16, temperature=0, seed=0)
     assert "5" in gen.texts[0]
     assert all(t.strip() for t in gen.texts)

@@ -12,14 +12,20 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import torch
-
 import sglang_fake
+import torch
 from grpo_knobs.config import RunConfig
 from grpo_knobs.models import fetch_model, load_model
 from grpo_knobs.records import RunDir
-from grpo_knobs.rollout.sglang import (RetryPolicy, ServerSettings, SGLangEngine, default_base_gpu_id,
-                                       engine_options, launch_command, split_server_args)
+from grpo_knobs.rollout.sglang import (
+    RetryPolicy,
+    ServerSettings,
+    SGLangEngine,
+    default_base_gpu_id,
+    engine_options,
+    launch_command,
+    split_server_args,
+)
 from grpo_knobs.trainer import train
 
 FAST = RetryPolicy(max_retries=2, backoff=0.01, backoff_max=0.05, max_restarts=1)
@@ -58,15 +64,24 @@ def fake():
 
 
 def attach(url, tokenizer, **kw) -> SGLangEngine:
-    return SGLangEngine(fetch_model("tiny-random"), url=url, launch=False, tokenizer=tokenizer,
-                        retry=kw.pop("retry", FAST), **kw)
+    return SGLangEngine(
+        fetch_model("tiny-random"), url=url, launch=False, tokenizer=tokenizer, retry=kw.pop("retry", FAST), **kw
+    )
 
 
 # ----------------------------------------------------------------------------- launch command
 def settings(**kw) -> ServerSettings:
-    base = dict(model_path="/models/qwen", port=31234, mem_fraction=0.5, max_running_requests=256,
-                base_gpu_id=1, random_seed=7, deterministic=True, weight_version="0",
-                extra_args=("--log-level", "warning"))
+    base = dict(
+        model_path="/models/qwen",
+        port=31234,
+        mem_fraction=0.5,
+        max_running_requests=256,
+        base_gpu_id=1,
+        random_seed=7,
+        deterministic=True,
+        weight_version="0",
+        extra_args=("--log-level", "warning"),
+    )
     return ServerSettings(**(base | kw))
 
 
@@ -78,8 +93,9 @@ def test_launch_command_parses_with_sglangs_parser():
     assert parsed.cuda_graph_max_bs_decode == 256
     assert (parsed.base_gpu_id, parsed.random_seed, parsed.enable_deterministic_inference) == (1, 7, True)
     assert (parsed.weight_version, parsed.log_level) == ("0", "warning")
-    plain = server_args.prepare_server_args(launch_command(settings(random_seed=None, deterministic=False,
-                                                                    base_gpu_id=None, extra_args=()))[3:])
+    plain = server_args.prepare_server_args(
+        launch_command(settings(random_seed=None, deterministic=False, base_gpu_id=None, extra_args=()))[3:]
+    )
     assert (plain.random_seed, plain.enable_deterministic_inference, plain.base_gpu_id) == (None, False, 0)
     with pytest.raises(SystemExit):  # the flag this client used to send is ambiguous in SGLang 0.5.x
         server_args.prepare_server_args(["--model-path", "/m", "--cuda-graph-max-bs", "512"])
@@ -108,29 +124,57 @@ def test_default_gpu_is_not_the_trainers():
 
 
 def run_config(tmp_path, **kw) -> RunConfig:
-    base = dict(task="countdown-2x10", model="tiny-random", engine="sglang", rollout_batch_size=2,
-                n_samples_per_prompt=2, global_batch_size=4, response_budget=8, eval_every_responses=8,
-                eval_problems=2, max_new_tokens=4, seed=3, output_dir=str(tmp_path), run_id="sglang",
-                max_tokens_per_micro_batch=64, device="cpu", max_concurrent_sequences=64)
+    base = dict(
+        task="countdown-2x10",
+        model="tiny-random",
+        engine="sglang",
+        rollout_batch_size=2,
+        n_samples_per_prompt=2,
+        global_batch_size=4,
+        response_budget=8,
+        eval_every_responses=8,
+        eval_problems=2,
+        max_new_tokens=4,
+        seed=3,
+        output_dir=str(tmp_path),
+        run_id="sglang",
+        max_tokens_per_micro_batch=64,
+        device="cpu",
+        max_concurrent_sequences=64,
+    )
     return RunConfig(**(base | kw))
 
 
 def test_run_config_reaches_the_server_flags(tmp_path):
-    cfg = run_config(tmp_path, sglang_mem_fraction=0.4, sglang_base_gpu_id=2, sglang_deterministic=True,
-                     sglang_server_args="--log-level warning", sglang_max_retries=7, sglang_max_restarts=0)
+    cfg = run_config(
+        tmp_path,
+        sglang_mem_fraction=0.4,
+        sglang_base_gpu_id=2,
+        sglang_deterministic=True,
+        sglang_server_args="--log-level warning",
+        sglang_max_retries=7,
+        sglang_max_restarts=0,
+    )
     options = engine_options(cfg)
     cmd = launch_command(dataclasses.replace(options["server"], model_path="/m", port=1))
-    for flag, value in (("--mem-fraction-static", "0.4"), ("--base-gpu-id", "2"), ("--random-seed", "3"),
-                        ("--max-running-requests", "64"), ("--log-level", "warning")):
+    for flag, value in (
+        ("--mem-fraction-static", "0.4"),
+        ("--base-gpu-id", "2"),
+        ("--random-seed", "3"),
+        ("--max-running-requests", "64"),
+        ("--log-level", "warning"),
+    ):
         assert cmd[cmd.index(flag) + 1] == value
     assert "--enable-deterministic-inference" in cmd
     assert (options["retry"].max_retries, options["retry"].max_restarts) == (7, 0)
-    for bad, message in ((dict(sglang_server_args="--port 5"), "--port, which the engine sets"),
-                         (dict(sglang_server_args="--log-level 'warn"), "balance its quotes"),
-                         (dict(sglang_mem_fraction=1.0), "sglang_mem_fraction must lie in"),
-                         (dict(sglang_base_gpu_id=-1), "sglang_base_gpu_id must be"),
-                         (dict(sglang_max_retries=-1), "sglang_max_retries must be"),
-                         (dict(sglang_request_timeout=0), "sglang_request_timeout must be")):
+    for bad, message in (
+        (dict(sglang_server_args="--port 5"), "--port, which the engine sets"),
+        (dict(sglang_server_args="--log-level 'warn"), "balance its quotes"),
+        (dict(sglang_mem_fraction=1.0), "sglang_mem_fraction must lie in"),
+        (dict(sglang_base_gpu_id=-1), "sglang_base_gpu_id must be"),
+        (dict(sglang_max_retries=-1), "sglang_max_retries must be"),
+        (dict(sglang_request_timeout=0), "sglang_request_timeout must be"),
+    ):
         with pytest.raises(ValueError, match=message):
             run_config(tmp_path, **bad)
 
@@ -212,8 +256,9 @@ def test_generate_and_update(fake, tiny):
     assert path == "/generate" and body["input_ids"] == [[5, 6], [5, 6], [9], [9]] and body["return_logprob"]
     seeds = [sp["sampling_seed"] for sp in body["sampling_params"]]
     assert len(set(seeds)) == 4
-    assert all(sp["top_k"] == -1 and sp["top_p"] == 1.0 and sp["stop_token_ids"] == [2]
-               for sp in body["sampling_params"])
+    assert all(
+        sp["top_k"] == -1 and sp["top_p"] == 1.0 and sp["stop_token_ids"] == [2] for sp in body["sampling_params"]
+    )
     assert gen.prompt_index == [0, 0, 1, 1] and gen.finish_reasons == ["stop", "stop", "length", "length"]
     a, b = 100 + seeds[0] % 100, 100 + seeds[1] % 100
     assert gen.token_ids[:2] == [[a, a + 1, 2], [b, b + 1, 2]]  # EOS kept, also when only "matched"
@@ -306,8 +351,14 @@ def post_faults(engine, **faults) -> None:
 
 def test_watchdog_restarts_a_crashed_server(launched_fake, tiny, tmp_path):
     model, tokenizer = tiny
-    with SGLangEngine(fetch_model("tiny-random"), tokenizer=tokenizer, server=launched_fake, retry=FAST,
-                      startup_timeout=60, log_path=tmp_path / "server.log") as engine:
+    with SGLangEngine(
+        fetch_model("tiny-random"),
+        tokenizer=tokenizer,
+        server=launched_fake,
+        retry=FAST,
+        startup_timeout=60,
+        log_path=tmp_path / "server.log",
+    ) as engine:
         assert engine.stats()["weight_version"] == "0" and fake_state(engine)["weight_version"] == "0"
         engine.update_weights(model.state_dict())
         clean = engine.generate([[5, 6]], n=2, max_new_tokens=4, temperature=1.0, seed=1)
@@ -324,8 +375,14 @@ def test_watchdog_restarts_a_crashed_server(launched_fake, tiny, tmp_path):
 
 def test_watchdog_gives_up_after_max_restarts(launched_fake, tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("GRPO_KNOBS_FAKE_SGLANG_CRASH", "always")
-    engine = SGLangEngine(fetch_model("tiny-random"), tokenizer=tiny[1], server=launched_fake, retry=FAST,
-                          startup_timeout=60, log_path=tmp_path / "server.log")
+    engine = SGLangEngine(
+        fetch_model("tiny-random"),
+        tokenizer=tiny[1],
+        server=launched_fake,
+        retry=FAST,
+        startup_timeout=60,
+        log_path=tmp_path / "server.log",
+    )
     try:
         with pytest.raises(RuntimeError, match=r"exited with code 1 after 1 restart\(s\).*sglang_max_restarts"):
             engine.generate([[5, 6]], n=1, max_new_tokens=4, temperature=1.0, seed=1)
@@ -338,13 +395,16 @@ def test_watchdog_gives_up_after_max_restarts(launched_fake, tiny, tmp_path, mon
 SGLANG_PYTHON = os.environ.get("GRPO_KNOBS_SGLANG_PYTHON")  # an environment with SGLang and its CUDA torch
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or not SGLANG_PYTHON,
-                    reason="needs a GPU and GRPO_KNOBS_SGLANG_PYTHON naming the Python of an SGLang environment")
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or not SGLANG_PYTHON,
+    reason="needs a GPU and GRPO_KNOBS_SGLANG_PYTHON naming the Python of an SGLang environment",
+)
 @pytest.mark.gpu
 def test_sglang_engine_smoke():
     model, tokenizer, _ = load_model("smollm2-135m-instruct", dtype=torch.bfloat16)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True,
-                                           tokenize=True, return_dict=True)["input_ids"]
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
     server = ServerSettings(random_seed=0, deterministic=True, python=SGLANG_PYTHON)
     with SGLangEngine(fetch_model("smollm2-135m-instruct"), tokenizer=tokenizer, server=server) as engine:
         gen = engine.generate([prompt, prompt[:-3]], n=2, max_new_tokens=16, temperature=1.0, seed=0)
@@ -368,6 +428,9 @@ def test_missing_server_python_is_one_line(tiny, tmp_path):
 
 def test_server_that_cannot_start_names_its_log(tiny, tmp_path):
     server = ServerSettings(module="no_such_sglang_module")
-    with pytest.raises(RuntimeError, match=r"(?s)exited with code 1 before becoming healthy.*No module named no_such_sglang_module"):
-        SGLangEngine(fetch_model("tiny-random"), tokenizer=tiny[1], server=server, startup_timeout=60,
-                     log_path=tmp_path / "log")
+    with pytest.raises(
+        RuntimeError, match=r"(?s)exited with code 1 before becoming healthy.*No module named no_such_sglang_module"
+    ):
+        SGLangEngine(
+            fetch_model("tiny-random"), tokenizer=tiny[1], server=server, startup_timeout=60, log_path=tmp_path / "log"
+        )

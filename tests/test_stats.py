@@ -8,10 +8,6 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-from scipy import stats as sps
-
 from grpo_knobs.stats import (
     hierarchical_bootstrap,
     mixed_group_fraction,
@@ -25,6 +21,9 @@ from grpo_knobs.stats import (
     summarize_time_to_target,
     time_to_target,
 )
+from hypothesis import given
+from hypothesis import strategies as st
+from scipy import stats as sps
 
 
 def _scores(seed: int, shape: tuple[int, int], p: float) -> np.ndarray:
@@ -38,8 +37,12 @@ def test_paired_bootstrap_matches_scipy_on_seed_averaged_differences(method, sci
     b = _scores(2, (3, 200), 0.6)
     ours = paired_bootstrap(a, b, n_resamples=20_000, seed=3, method=method)
     ref = sps.bootstrap(
-        ((a - b).mean(axis=0),), np.mean, n_resamples=20_000, method=scipy_method,
-        confidence_level=0.95, rng=np.random.default_rng(4),
+        ((a - b).mean(axis=0),),
+        np.mean,
+        n_resamples=20_000,
+        method=scipy_method,
+        confidence_level=0.95,
+        rng=np.random.default_rng(4),
     )
     assert ours.mean_diff_pp == pytest.approx(100 * (a.mean() - b.mean()))
     # Monte-Carlo tolerance: both intervals come from 20k resamples.
@@ -91,9 +94,7 @@ def test_paired_bootstrap_p_le_zero_counts_resamples_at_or_below_zero():
     assert res.p_le_zero == pytest.approx(0.75**4, abs=0.01)
 
 
-@pytest.mark.parametrize(
-    "a_shape,b_shape", [((3, 10), (3, 11)), ((3, 10), (2, 10)), ((10,), (10,))]
-)
+@pytest.mark.parametrize("a_shape,b_shape", [((3, 10), (3, 11)), ((3, 10), (2, 10)), ((10,), (10,))])
 def test_paired_bootstrap_rejects_mismatched_shapes(a_shape, b_shape):
     with pytest.raises(ValueError, match="shape"):
         paired_bootstrap(np.zeros(a_shape), np.zeros(b_shape))
@@ -113,8 +114,9 @@ def test_paired_bootstrap_rejects_misaligned_problem_ids():
 
 def test_paired_bootstrap_rejects_duplicated_problem_ids():
     with pytest.raises(ValueError, match="duplicated.*p1"):
-        paired_bootstrap(np.zeros((1, 3)), np.zeros((1, 3)),
-                         problem_ids_a=["p1", "p1", "p2"], problem_ids_b=["p1", "p1", "p2"])
+        paired_bootstrap(
+            np.zeros((1, 3)), np.zeros((1, 3)), problem_ids_a=["p1", "p1", "p2"], problem_ids_b=["p1", "p1", "p2"]
+        )
 
 
 def test_paired_bootstrap_rejects_nan_scores():
@@ -344,8 +346,11 @@ def _permutation_p_by_hand(m_a: list[float], m_b: list[float], alternative: str)
         rest = [pooled[i] for i in range(len(pooled)) if i not in chosen]
         d = np.mean([pooled[i] for i in chosen]) - np.mean(rest)
         total += 1
-        hits += {"greater": d >= observed - 1e-12, "less": d <= observed + 1e-12,
-                 "two-sided": abs(d) >= abs(observed) - 1e-12}[alternative]
+        hits += {
+            "greater": d >= observed - 1e-12,
+            "less": d <= observed + 1e-12,
+            "two-sided": abs(d) >= abs(observed) - 1e-12,
+        }[alternative]
     return hits / total
 
 

@@ -17,7 +17,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-
 from grpo_knobs import study
 from grpo_knobs.knobs import KNOB_NAMES, LR_FOLLOWUP_ARM, STUDY_ARMS
 from grpo_knobs.records import RunDir, atomic_write_json
@@ -31,12 +30,17 @@ PAPER_PICKS = {"gsm8k": ["onpolicy-small", "onpolicy-large", "batch-256-sqrt"]}
 def _trainer_ready() -> bool:
     """The end-to-end tests need the lead's trainer and a rollout engine."""
     trainer = ROOT / "lib" / "grpo_knobs" / "trainer.py"
-    return (trainer.exists() and "def train(" in trainer.read_text()
-            and importlib.util.find_spec("grpo_knobs.rollout") is not None
-            and (ROOT / "lib" / "grpo_knobs" / "rollout" / "__init__.py").exists())
+    return (
+        trainer.exists()
+        and "def train(" in trainer.read_text()
+        and importlib.util.find_spec("grpo_knobs.rollout") is not None
+        and (ROOT / "lib" / "grpo_knobs" / "rollout" / "__init__.py").exists()
+    )
 
 
-needs_trainer = pytest.mark.skipif(not _trainer_ready(), reason="grpo_knobs.trainer.train and rollout engine not present")
+needs_trainer = pytest.mark.skipif(
+    not _trainer_ready(), reason="grpo_knobs.trainer.train and rollout engine not present"
+)
 
 
 # ---------------------------------------------------------------------------------------
@@ -61,7 +65,12 @@ def test_paper_plan_matches_the_study(tmp_path):
     for r in p.runs:
         c = r.config
         assert (c.model, c.engine, c.max_new_tokens, c.eval_every_responses, c.eval_problems) == (
-            "qwen2.5-1.5b-instruct", "sglang", 1024, 4096, 512)
+            "qwen2.5-1.5b-instruct",
+            "sglang",
+            1024,
+            4096,
+            512,
+        )
         assert c.run_id.startswith(f"{r.phase}-{r.task}-") and c.output_dir == str(tmp_path.resolve())
     assert [t.run_id for t in p.tests if t.source == "initial"] == ["initial-gsm8k", "initial-countdown"]
     assert all(t.problems is None and t.max_new_tokens == 1024 for t in p.tests)
@@ -71,13 +80,28 @@ def test_paper_plan_matches_the_study(tmp_path):
 def test_paper_plan_json_lists_every_run_and_test_job(tmp_path):
     rows = study.plan_to_json(study.plan("paper", study_dir=tmp_path))
     json.dumps(rows)  # plain data
-    by_phase = {ph: [r for r in rows if r["phase"] == ph] for ph in ("screening", "lr-followup", "confirmation", "test")}
+    by_phase = {
+        ph: [r for r in rows if r["phase"] == ph] for ph in ("screening", "lr-followup", "confirmation", "test")
+    }
     assert [len(v) for v in by_phase.values()] == [22, 1, 18, 20]
     for r in by_phase["screening"] + by_phase["lr-followup"]:
-        assert {"phase", "task", "arm", "seed", "response_budget", "lr", "collections", "updates", "evaluations",
-                "placeholder", *KNOB_NAMES} <= set(r)
+        assert {
+            "phase",
+            "task",
+            "arm",
+            "seed",
+            "response_budget",
+            "lr",
+            "collections",
+            "updates",
+            "evaluations",
+            "placeholder",
+            *KNOB_NAMES,
+        } <= set(r)
         assert r["response_budget"] == 16_384 and not r["placeholder"]
-        assert r["rollout_batch_size"] * r["n_samples_per_prompt"] == r["global_batch_size"] * r["num_steps_per_rollout"]
+        assert (
+            r["rollout_batch_size"] * r["n_samples_per_prompt"] == r["global_batch_size"] * r["num_steps_per_rollout"]
+        )
         assert r["collections"] * r["rollout_batch_size"] * r["n_samples_per_prompt"] == 16_384
         assert r["evaluations"] == 5  # 0, 4096, 8192, 12288, 16384
     for r in by_phase["confirmation"]:
@@ -96,7 +120,9 @@ def test_selection_makes_confirmation_concrete(tmp_path):
     assert len(confirmation) == 18 and not any(r.placeholder for r in confirmation)
     sqrt_runs = [r for r in confirmation if r.arm == "batch-256-sqrt"]
     assert [r.seed for r in sqrt_runs] == [1, 2, 3]
-    assert sqrt_runs[0].config.lr == pytest.approx(3e-6 * math.sqrt(2)) and sqrt_runs[0].config.global_batch_size == 256
+    assert (
+        sqrt_runs[0].config.lr == pytest.approx(3e-6 * math.sqrt(2)) and sqrt_runs[0].config.global_batch_size == 256
+    )
     assert sqrt_runs[0].run_id == "confirmation-gsm8k-batch-256-sqrt-s1"
     jobs = [t for t in p.tests if t.source == "confirmation"]
     assert len(jobs) == 18 and not any(t.placeholder for t in jobs)
@@ -120,12 +146,30 @@ def test_presets_validate_and_h200_mini_takes_a_countdown_variant(tmp_path):
 def _write_plan(path: Path, **changes) -> Path:
     spec = {
         "name": "tiny",
-        "defaults": {"model": "tiny-random", "device": "cpu", "lr": 1e-3, "max_new_tokens": 8, "eval_problems": 4,
-                     "eval_every_responses": 16, "max_concurrent_sequences": 16, "max_tokens_per_micro_batch": 64},
-        "arms": {"t-small": {"rollout_batch_size": 2, "n_samples_per_prompt": 4, "global_batch_size": 8,
-                             "num_steps_per_rollout": 1},
-                 "t-split": {"rollout_batch_size": 4, "n_samples_per_prompt": 4, "global_batch_size": 8,
-                             "num_steps_per_rollout": 2}},
+        "defaults": {
+            "model": "tiny-random",
+            "device": "cpu",
+            "lr": 1e-3,
+            "max_new_tokens": 8,
+            "eval_problems": 4,
+            "eval_every_responses": 16,
+            "max_concurrent_sequences": 16,
+            "max_tokens_per_micro_batch": 64,
+        },
+        "arms": {
+            "t-small": {
+                "rollout_batch_size": 2,
+                "n_samples_per_prompt": 4,
+                "global_batch_size": 8,
+                "num_steps_per_rollout": 1,
+            },
+            "t-split": {
+                "rollout_batch_size": 4,
+                "n_samples_per_prompt": 4,
+                "global_batch_size": 8,
+                "num_steps_per_rollout": 2,
+            },
+        },
         "tasks": {"countdown-2x10": {"targets": [5, 10]}},
         "screening": {"arms": ["t-small", "t-split"], "seeds": [0], "response_budget": 16},
         "selection": {"recipes": 2, "always_include": ["t-small"]},
@@ -138,21 +182,42 @@ def _write_plan(path: Path, **changes) -> Path:
     return path
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"arms": {"t-small": {"rollout_batch_size": 2, "n_samples_per_prompt": 4, "global_batch_size": 8,
-                           "num_steps_per_rollout": 1},
-               "t-split": {"rollout_batch_size": 4, "n_samples_per_prompt": 4, "global_batch_size": 6,
-                           "num_steps_per_rollout": 2}}},
-     r"Run screening-countdown-2x10-t-split-s0: Inconsistent batch shape"),
-    ({"screening": {"arms": ["t-small", "t-split"], "response_budget": 24}},
-     r"Run screening-countdown-2x10-t-split-s0: response_budget=24 is not a whole number of collections of 16"),
-    ({"confirmation": {"seeds": [1], "response_budget": 8}},
-     r"Run confirmation-countdown-2x10-t-split-s1: response_budget=8"),
-    ({"screening": {"arms": ["t-small", "no-such-arm"]}}, r"unknown arm 'no-such-arm'"),
-    ({"tasks": {"countdown-9x9": {}}}, r"Unknown task 'countdown-9x9'"),
-    ({"screening": {"arms": ["t-small"], "global_batch_size": 4}}, r"set by the plan per run"),
-    ({"screening": {"arms": ["t-small"], "respons_budget": 32}}, r"did you mean 'response_budget'"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (
+            {
+                "arms": {
+                    "t-small": {
+                        "rollout_batch_size": 2,
+                        "n_samples_per_prompt": 4,
+                        "global_batch_size": 8,
+                        "num_steps_per_rollout": 1,
+                    },
+                    "t-split": {
+                        "rollout_batch_size": 4,
+                        "n_samples_per_prompt": 4,
+                        "global_batch_size": 6,
+                        "num_steps_per_rollout": 2,
+                    },
+                }
+            },
+            r"Run screening-countdown-2x10-t-split-s0: Inconsistent batch shape",
+        ),
+        (
+            {"screening": {"arms": ["t-small", "t-split"], "response_budget": 24}},
+            r"Run screening-countdown-2x10-t-split-s0: response_budget=24 is not a whole number of collections of 16",
+        ),
+        (
+            {"confirmation": {"seeds": [1], "response_budget": 8}},
+            r"Run confirmation-countdown-2x10-t-split-s1: response_budget=8",
+        ),
+        ({"screening": {"arms": ["t-small", "no-such-arm"]}}, r"unknown arm 'no-such-arm'"),
+        ({"tasks": {"countdown-9x9": {}}}, r"Unknown task 'countdown-9x9'"),
+        ({"screening": {"arms": ["t-small"], "global_batch_size": 4}}, r"set by the plan per run"),
+        ({"screening": {"arms": ["t-small"], "respons_budget": 32}}, r"did you mean 'response_budget'"),
+    ],
+)
 def test_a_bad_plan_fails_before_anything_starts(tmp_path, change, message):
     path = _write_plan(tmp_path / "bad.yaml", **change)
     with pytest.raises(study.PlanError, match=message):
@@ -170,21 +235,39 @@ def test_plan_parameters_must_be_declared(tmp_path):
 # ---------------------------------------------------------------------------------------
 # Selection on synthetic records
 # ---------------------------------------------------------------------------------------
-def _fake_run(study_dir: Path, run_id: str, curve: list[tuple[int, float]], job_seconds: float,
-              test_accuracy: float | None = None, status: str = "complete") -> None:
+def _fake_run(
+    study_dir: Path,
+    run_id: str,
+    curve: list[tuple[int, float]],
+    job_seconds: float,
+    test_accuracy: float | None = None,
+    status: str = "complete",
+) -> None:
     """A run directory as the trainer leaves it (docs/architecture.md), one problem per point."""
     run = RunDir(study_dir / run_id)
     run.path.mkdir(parents=True)
     atomic_write_json(run.config_path, {"run_id": run_id, "config": {}})
     atomic_write_json(run.timings_path, {"job": job_seconds})
     run.write_state(status, len(curve) - 1)
-    base = {"run_id": run_id, "collections": 0, "updates": 0, "output_tokens": 0, "active_seconds": 0.0,
-            "job_seconds": 0.0, "correct_strict": 0.0, "response_length": 1, "truncated": False}
+    base = {
+        "run_id": run_id,
+        "collections": 0,
+        "updates": 0,
+        "output_tokens": 0,
+        "active_seconds": 0.0,
+        "job_seconds": 0.0,
+        "correct_strict": 0.0,
+        "response_length": 1,
+        "truncated": False,
+    }
     rows = [base | {"split": "validation", "responses": n, "problem_id": "v-0", "correct": acc} for n, acc in curve]
     if test_accuracy is not None:  # test rows that would reverse the ranking if they were read
-        rows.append(base | {"split": "test", "responses": curve[-1][0] + 1, "problem_id": "t-0", "correct": test_accuracy})
-        pd.DataFrame([base | {"split": "test", "problem_id": "t-0", "responses": -1, "correct": test_accuracy}]).to_parquet(
-            run.test_path)
+        rows.append(
+            base | {"split": "test", "responses": curve[-1][0] + 1, "problem_id": "t-0", "correct": test_accuracy}
+        )
+        pd.DataFrame(
+            [base | {"split": "test", "problem_id": "t-0", "responses": -1, "correct": test_accuracy}]
+        ).to_parquet(run.test_path)
     run.add_evals(rows)
 
 
@@ -201,8 +284,13 @@ def _published_screen(study_dir: Path, p: study.Plan) -> None:
                 continue
             a0, a1, auc = (float(row[k]) for k in ("initial_accuracy", "final_accuracy", "sample_auc"))
             mid = 2 * auc - (a0 + a1) / 2  # trapezoid over 0, 8192, 16384 reproduces the AUC exactly
-            _fake_run(study_dir, ids[(row["task"], row["arm"])], [(0, a0), (8192, mid), (16384, a1)],
-                      float(row["job_seconds"]), test_accuracy=1.0 if row["arm"] == "group-32" else 0.0)
+            _fake_run(
+                study_dir,
+                ids[(row["task"], row["arm"])],
+                [(0, a0), (8192, mid), (16384, a1)],
+                float(row["job_seconds"]),
+                test_accuracy=1.0 if row["arm"] == "group-32" else 0.0,
+            )
 
 
 def test_selection_rule_on_the_published_screen_reads_validation_only(tmp_path, monkeypatch):
@@ -215,8 +303,10 @@ def test_selection_rule_on_the_published_screen_reads_validation_only(tmp_path, 
     # GSM8K: onpolicy-large leads; batch-256-sqrt and group-16 tie at 87.89% and the AUC breaks it,
     # which reproduces the study's frozen recipes. On Countdown the rule picks the two best
     # endpoints; the study confirmed onpolicy-large (the GSM8K winner) instead of group-16.
-    assert selection["recipes"] == {"gsm8k": PAPER_PICKS["gsm8k"],
-                                    "countdown": ["onpolicy-small", "group-16", "group-4"]}
+    assert selection["recipes"] == {
+        "gsm8k": PAPER_PICKS["gsm8k"],
+        "countdown": ["onpolicy-small", "group-16", "group-4"],
+    }
     assert selection["scores"]["gsm8k"]["batch-256-sqrt"]["rank"] == 2
     assert selection["scores"]["gsm8k"]["batch-256-sqrt"]["sample_auc"] == pytest.approx(0.869873046875)
     assert opened and not any(path.endswith("test.parquet") for path in opened)
@@ -227,15 +317,18 @@ def test_selection_rule_on_the_published_screen_reads_validation_only(tmp_path, 
 
 def test_selection_tie_breaks_and_frozen_file(tmp_path):
     shape = {"rollout_batch_size": 2, "n_samples_per_prompt": 4, "global_batch_size": 8, "num_steps_per_rollout": 1}
-    path = _write_plan(tmp_path / "plan.yaml", arms={f"t-{k}": shape for k in ("small", "a", "b", "c")},
-                       screening={"arms": ["t-small", "t-a", "t-b", "t-c"], "response_budget": 32},
-                       selection={"recipes": 3, "always_include": ["t-small"]})
+    path = _write_plan(
+        tmp_path / "plan.yaml",
+        arms={f"t-{k}": shape for k in ("small", "a", "b", "c")},
+        screening={"arms": ["t-small", "t-a", "t-b", "t-c"], "response_budget": 32},
+        selection={"recipes": 3, "always_include": ["t-small"]},
+    )
     p = study.plan(path, study_dir=tmp_path / "s")
     ids = _screening_ids(p)
     task = "countdown-2x10"
-    _fake_run(p.study_dir, ids[(task, "t-small")], [(0, 0.0), (32, 0.9)], 10.0)   # best, but kept anyway
-    _fake_run(p.study_dir, ids[(task, "t-a")], [(0, 0.0), (32, 0.5)], 10.0)       # AUC 0.25
-    _fake_run(p.study_dir, ids[(task, "t-b")], [(0, 0.2), (32, 0.5)], 30.0)       # AUC 0.35: wins the tie
+    _fake_run(p.study_dir, ids[(task, "t-small")], [(0, 0.0), (32, 0.9)], 10.0)  # best, but kept anyway
+    _fake_run(p.study_dir, ids[(task, "t-a")], [(0, 0.0), (32, 0.5)], 10.0)  # AUC 0.25
+    _fake_run(p.study_dir, ids[(task, "t-b")], [(0, 0.2), (32, 0.5)], 30.0)  # AUC 0.35: wins the tie
     _fake_run(p.study_dir, ids[(task, "t-c")], [(0, 0.0), (32, 0.5)], 5.0, status="running")
     with pytest.raises(study.PlanError, match=ids[(task, "t-c")]):
         study.select(p)
@@ -257,15 +350,21 @@ def _mtimes(run_dir: Path) -> dict[str, int]:
 @needs_trainer
 @pytest.mark.parametrize("executor,jobs", [("papermill", 1), ("inprocess", 2)])
 def test_failed_run_is_recorded_and_completed_runs_are_skipped(tmp_path, executor, jobs):
-    path = _write_plan(tmp_path / "plan.yaml",
-                       lr_followup=[{"task": "countdown-2x10", "arm": "t-small", "seeds": [0], "model": "no-such-model"}])
+    path = _write_plan(
+        tmp_path / "plan.yaml",
+        lr_followup=[{"task": "countdown-2x10", "arm": "t-small", "seeds": [0], "model": "no-such-model"}],
+    )
     study_dir = tmp_path / "study"
-    report = study.run_study(path, phases=["screening", "lr-followup"], jobs=jobs, study_dir=study_dir,
-                             executor=executor, progress=False)
+    report = study.run_study(
+        path, phases=["screening", "lr-followup"], jobs=jobs, study_dir=study_dir, executor=executor, progress=False
+    )
     status = {r.run_id: r.status for r in report.results}
     bad = "lr-followup-countdown-2x10-t-small-s0"
-    assert status == {"screening-countdown-2x10-t-small-s0": "complete",
-                      "screening-countdown-2x10-t-split-s0": "complete", bad: "failed"}
+    assert status == {
+        "screening-countdown-2x10-t-small-s0": "complete",
+        "screening-countdown-2x10-t-split-s0": "complete",
+        bad: "failed",
+    }
     (failure,) = report.failed
     assert "no-such-model" in failure.error and bad in report.summary()
     record = Path(failure.record)
@@ -280,10 +379,13 @@ def test_failed_run_is_recorded_and_completed_runs_are_skipped(tmp_path, executo
         report.raise_on_failure()
     done = study_dir / "screening-countdown-2x10-t-small-s0"
     before = _mtimes(done)
-    again = study.run_study(path, phases=["screening", "lr-followup"], jobs=jobs, study_dir=study_dir,
-                            executor=executor, progress=False)
+    again = study.run_study(
+        path, phases=["screening", "lr-followup"], jobs=jobs, study_dir=study_dir, executor=executor, progress=False
+    )
     assert {r.run_id: r.status for r in again.results} == status | {
-        "screening-countdown-2x10-t-small-s0": "skipped", "screening-countdown-2x10-t-split-s0": "skipped"}
+        "screening-countdown-2x10-t-small-s0": "skipped",
+        "screening-countdown-2x10-t-split-s0": "skipped",
+    }
     assert _mtimes(done) == before
 
 
@@ -291,12 +393,15 @@ def test_failed_run_is_recorded_and_completed_runs_are_skipped(tmp_path, executo
 def test_killed_study_resumes_without_redoing_or_losing_runs(tmp_path):
     path = _write_plan(tmp_path / "plan.yaml", screening={"arms": ["t-small", "t-split"], "response_budget": 64})
     study_dir = tmp_path / "study"
-    code = ("import sys; from grpo_knobs.study import run_study; "
-            f"r = run_study({str(path)!r}, study_dir={str(study_dir)!r}, executor='inprocess', progress=False); "
-            "print(r.summary()); sys.exit(0 if r.ok else 1)")
+    code = (
+        "import sys; from grpo_knobs.study import run_study; "
+        f"r = run_study({str(path)!r}, study_dir={str(study_dir)!r}, executor='inprocess', progress=False); "
+        "print(r.summary()); sys.exit(0 if r.ok else 1)"
+    )
     env = study._subprocess_env(1)
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     first = RunDir(study_dir / "screening-countdown-2x10-t-small-s0")
     second = RunDir(study_dir / "screening-countdown-2x10-t-split-s0")  # 4 collections of 16
     deadline = time.time() + 300
@@ -359,10 +464,19 @@ def test_driver_notebooks_run_the_pipeline(tmp_path, monkeypatch):
     path = _write_plan(tmp_path / "plan.yaml")
     study_dir = tmp_path / "study"
     common = {"preset": str(path), "study_dir": str(study_dir)}
-    for name, extra in (("20_screening", {"executor": "inprocess"}), ("30_select", {}),
-                        ("40_confirmation", {"executor": "inprocess"}), ("45_test_eval", {})):
-        pm.execute_notebook(str(ROOT / "notebooks" / f"{name}.ipynb"), str(tmp_path / f"{name}.ipynb"),
-                            parameters=common | extra, cwd=str(ROOT / "notebooks"), progress_bar=False)
+    for name, extra in (
+        ("20_screening", {"executor": "inprocess"}),
+        ("30_select", {}),
+        ("40_confirmation", {"executor": "inprocess"}),
+        ("45_test_eval", {}),
+    ):
+        pm.execute_notebook(
+            str(ROOT / "notebooks" / f"{name}.ipynb"),
+            str(tmp_path / f"{name}.ipynb"),
+            parameters=common | extra,
+            cwd=str(ROOT / "notebooks"),
+            progress_bar=False,
+        )
     selection = json.loads((study_dir / "selection.json").read_text())
     assert selection["recipes"] == {"countdown-2x10": ["t-small", "t-split"]}
     assert len(study.terminal_test_results(path, study_dir=study_dir)) == 3
@@ -387,13 +501,23 @@ def test_parallel_workers_each_hold_their_own_gpu(monkeypatch):
         return study.JobResult(unit["config"]["run_id"], "screening", "complete")
 
     monkeypatch.setattr(study_run, "_execute_in_worker", fake_worker)
-    units = [{"kind": "train", "config": {"run_id": f"r{i}", "response_budget": 1024, "rollout_batch_size": 2 ** i,
-                                          "n_samples_per_prompt": 8}} for i in range(6)]
+    units = [
+        {
+            "kind": "train",
+            "config": {
+                "run_id": f"r{i}",
+                "response_budget": 1024,
+                "rollout_batch_size": 2**i,
+                "n_samples_per_prompt": 8,
+            },
+        }
+        for i in range(6)
+    ]
     results = study._execute_all(units, jobs=2, desc="t", progress=False)
     assert [r.run_id for r in results] == [f"r{i}" for i in range(6)]  # reported in plan order
     assert {g for g, _, _ in spans} == {"3", "5"}
     for i, (g1, a1, b1) in enumerate(spans):
-        for g2, a2, b2 in spans[i + 1:]:
+        for g2, a2, b2 in spans[i + 1 :]:
             if a1 < b2 and a2 < b1:  # overlapping in time
                 assert g1 != g2
 
@@ -407,8 +531,17 @@ def test_parallel_workers_start_the_longest_runs_first(monkeypatch):
 
     monkeypatch.setattr(study_run, "_execute_in_worker", fake_worker)
     collections = {"short": 16, "long": 128, "mid": 32}  # response_budget / (P * G)
-    units = [{"kind": "train", "config": {"run_id": name, "response_budget": 16384, "rollout_batch_size": 16384 // (8 * n),
-                                          "n_samples_per_prompt": 8}} for name, n in collections.items()]
+    units = [
+        {
+            "kind": "train",
+            "config": {
+                "run_id": name,
+                "response_budget": 16384,
+                "rollout_batch_size": 16384 // (8 * n),
+                "n_samples_per_prompt": 8,
+            },
+        }
+        for name, n in collections.items()
+    ]
     study._execute_all(units, jobs=2, desc="t", progress=False)
     assert set(started[:2]) == {"long", "mid"} and started[2] == "short"  # the two workers take the longest
-

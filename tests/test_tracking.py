@@ -16,24 +16,27 @@ import pytest
 pytest.importorskip("tensorboard", reason="the tracking extra is not installed (pip install -e '.[tracking]')")
 pytest.importorskip("trackio", reason="the tracking extra is not installed (pip install -e '.[tracking]')")
 
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
-
 from grpo_knobs import tracking  # noqa: E402
 from grpo_knobs.analysis.loading import load_study  # noqa: E402
 from grpo_knobs.config import RunConfig  # noqa: E402
 from grpo_knobs.records import RunDir  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MINI = ROOT / "results" / "h200-mini"
 SYNTHETIC = ROOT / "tests" / "fixtures" / "synthetic_study"
 # three shapes: S=1, S=4 with G=32, and S=2 with B=256
-MINI_RUNS = ("screening-countdown-2x10-onpolicy-small-s0", "screening-countdown-2x10-group-32-s0",
-             "screening-countdown-2x10-batch-256-s0")
+MINI_RUNS = (
+    "screening-countdown-2x10-onpolicy-small-s0",
+    "screening-countdown-2x10-group-32-s0",
+    "screening-countdown-2x10-batch-256-s0",
+)
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "grpo_knobs.cli", *args], capture_output=True, text=True, check=False,
-                          env=env, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "grpo_knobs.cli", *args], capture_output=True, text=True, check=False, env=env, cwd=ROOT
+    )
 
 
 def _scalars(event_dir: Path) -> dict[str, list[tuple[int, float]]]:
@@ -46,8 +49,10 @@ def _scalars(event_dir: Path) -> dict[str, list[tuple[int, float]]]:
 def _trackio_logs(directory: Path, project: str) -> dict[str, list[dict]]:
     """Every run's logs of a trackio project, read in a fresh process that finds the project the documented
     way (TRACKIO_DIR set before trackio is imported), through trackio's SQLiteStorage reader."""
-    code = ("import json, sys; from trackio.sqlite_storage import SQLiteStorage as S; p = sys.argv[1]; "
-            "print(json.dumps({r: S.get_logs(p, r) for r in S.get_runs(p)}, default=str))")
+    code = (
+        "import json, sys; from trackio.sqlite_storage import SQLiteStorage as S; p = sys.argv[1]; "
+        "print(json.dumps({r: S.get_logs(p, r) for r in S.get_runs(p)}, default=str))"
+    )
     env = dict(os.environ, TRACKIO_DIR=str(directory))
     out = subprocess.run([sys.executable, "-c", code, project], capture_output=True, text=True, env=env, check=True)
     return json.loads(out.stdout)
@@ -142,8 +147,18 @@ def test_synthetic_study_exports_every_run(tmp_path):
     runs = tracking.run_directories(SYNTHETIC)
     assert len(runs) >= 30 and not any(r.name.startswith("initial-") for r in runs)
     for kind in tracking.KINDS:
-        done = _cli("export", str(SYNTHETIC), "--to", kind, "--x", "updates", "--project", "synthetic",
-                    "--out", str(tmp_path / kind))
+        done = _cli(
+            "export",
+            str(SYNTHETIC),
+            "--to",
+            kind,
+            "--x",
+            "updates",
+            "--project",
+            "synthetic",
+            "--out",
+            str(tmp_path / kind),
+        )
         assert done.returncode == 0, done.stderr
         assert f"{len(runs)} run(s) written" in done.stdout
     logs = _trackio_logs(tmp_path / "trackio", "synthetic")
@@ -209,8 +224,9 @@ def test_open_tracker_follows_the_run_config(tmp_path):
     tracker.close()
     events = list((tmp_path / "r1" / "tracking" / "tensorboard" / "r1").glob("events.out.tfevents.*"))
     assert len(events) == 1
-    elsewhere = RunConfig(output_dir=str(tmp_path), run_id="r2", tracker="trackio", tracking_dir=str(tmp_path / "tio"),
-                          study="mine")
+    elsewhere = RunConfig(
+        output_dir=str(tmp_path), run_id="r2", tracker="trackio", tracking_dir=str(tmp_path / "tio"), study="mine"
+    )
     with tracking.open_tracker(elsewhere) as tracker:
         tracker.log_collection(row)
     assert _series(_trackio_logs(tmp_path / "tio", "mine")["r2"], "train/reward_mean") == [(128, row["reward_mean"])]
@@ -219,8 +235,13 @@ def test_open_tracker_follows_the_run_config(tmp_path):
 
 
 def test_points_skip_absent_values_and_keep_new_fields():
-    row = dict(RunDir(MINI / MINI_RUNS[0]).collections()[0], logprob_mismatch=None, peak_memory_gib=float("nan"),
-               entropy_mean=1.25, zero_advantage_fraction=0.5)
+    row = dict(
+        RunDir(MINI / MINI_RUNS[0]).collections()[0],
+        logprob_mismatch=None,
+        peak_memory_gib=float("nan"),
+        entropy_mean=1.25,
+        zero_advantage_fraction=0.5,
+    )
     (step, values), *_ = tracking.collection_points(row, "responses", 128)
     assert step == 128 and "train/logprob_mismatch" not in values and "train/peak_memory_gib" not in values
     assert values["train/entropy_mean"] == 1.25 and values["train/zero_advantage_fraction"] == 0.5
@@ -229,15 +250,32 @@ def test_points_skip_absent_values_and_keep_new_fields():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif("open_tracker" not in (ROOT / "lib" / "grpo_knobs" / "trainer.py").read_text(),
-                    reason="the trainer does not call grpo_knobs.tracking.open_tracker yet")
+@pytest.mark.skipif(
+    "open_tracker" not in (ROOT / "lib" / "grpo_knobs" / "trainer.py").read_text(),
+    reason="the trainer does not call grpo_knobs.tracking.open_tracker yet",
+)
 def test_training_with_a_live_tracker(tmp_path):
     """A real (tiny, CPU) run with tracker=tensorboard: the event files hold its records, the records are unchanged."""
     from grpo_knobs.trainer import train
-    cfg = RunConfig(task="countdown-2x10", model="tiny-random", rollout_batch_size=4, n_samples_per_prompt=4,
-                    global_batch_size=8, response_budget=32, eval_every_responses=16, eval_problems=4,
-                    max_new_tokens=8, lr=1e-3, seed=3, output_dir=str(tmp_path), run_id="tiny",
-                    max_tokens_per_micro_batch=64, device="cpu", tracker="tensorboard")
+
+    cfg = RunConfig(
+        task="countdown-2x10",
+        model="tiny-random",
+        rollout_batch_size=4,
+        n_samples_per_prompt=4,
+        global_batch_size=8,
+        response_budget=32,
+        eval_every_responses=16,
+        eval_problems=4,
+        max_new_tokens=8,
+        lr=1e-3,
+        seed=3,
+        output_dir=str(tmp_path),
+        run_id="tiny",
+        max_tokens_per_micro_batch=64,
+        device="cpu",
+        tracker="tensorboard",
+    )
     run = RunDir(train(cfg, progress=False))
     got = _scalars(run.path / "tracking" / "tensorboard" / "tiny")
     rows = run.collections()

@@ -6,7 +6,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-
 from grpo_knobs.config import RunConfig
 from grpo_knobs.grpo import token_logprobs
 from grpo_knobs.provenance import source_sha256
@@ -17,10 +16,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def tiny_cfg(tmp_path, **kw) -> RunConfig:
-    base = dict(task="countdown-2x10", model="tiny-random", rollout_batch_size=4, n_samples_per_prompt=4,
-                global_batch_size=8, response_budget=48, eval_every_responses=32, eval_problems=4,
-                max_new_tokens=8, lr=1e-3, seed=3, output_dir=str(tmp_path / "study"), run_id="tiny",
-                max_tokens_per_micro_batch=64, device="cpu")
+    base = dict(
+        task="countdown-2x10",
+        model="tiny-random",
+        rollout_batch_size=4,
+        n_samples_per_prompt=4,
+        global_batch_size=8,
+        response_budget=48,
+        eval_every_responses=32,
+        eval_problems=4,
+        max_new_tokens=8,
+        lr=1e-3,
+        seed=3,
+        output_dir=str(tmp_path / "study"),
+        run_id="tiny",
+        max_tokens_per_micro_batch=64,
+        device="cpu",
+    )
     return RunConfig(**(base | kw))
 
 
@@ -58,7 +70,9 @@ def test_run_records_follow_the_schema_and_the_plan(tiny_run):
     t = json.loads(run.timings_path.read_text())
     assert set(TIMING_FIELDS) <= set(t)
     assert t["active_phase"] == pytest.approx(t["generation"] + t["trainer"] + t["sync"])
-    assert t["other"] == pytest.approx(t["job"] - sum(t[k] for k in ("generation", "trainer", "sync", "evaluation", "checkpoint", "init")))
+    assert t["other"] == pytest.approx(
+        t["job"] - sum(t[k] for k in ("generation", "trainer", "sync", "evaluation", "checkpoint", "init"))
+    )
     assert t["generation"] > 0 and t["trainer"] > 0
     for phase in ("generation", "trainer", "sync"):  # per-collection phase seconds add up to the run's
         assert sum(r["seconds"][phase] for r in rows) == pytest.approx(t[phase], rel=1e-6, abs=1e-9)
@@ -69,7 +83,9 @@ def test_run_records_follow_the_schema_and_the_plan(tiny_run):
     assert set(conf["data"]["splits"]) >= {"train", "validation", "test"}
     assert len(conf["model"]["sha256"]) == 64
     assert conf["packages"]["torch"] and "git_commit" in conf
-    assert conf["rollout_path"] == {"auto": "eager", "off": "eager", "on": "fast", "fused": "fused"}[cfg.fast_rollout]  # CPU
+    assert (
+        conf["rollout_path"] == {"auto": "eager", "off": "eager", "on": "fast", "fused": "fused"}[cfg.fast_rollout]
+    )  # CPU
     assert conf["source_sha256"] == source_sha256()
     assert (run.final_path / "model.safetensors").exists()
 
@@ -96,8 +112,11 @@ def test_a_rerun_never_overwrites(tiny_run):
 def test_one_seed_fixes_the_run(tiny_run, tmp_path):
     cfg, run = tiny_run
     again = RunDir(train(RunConfig(**(cfg.to_dict() | {"output_dir": str(tmp_path)})), progress=False))
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("seconds", "active_seconds", "job_seconds", "per_update")}
-                          for r in rows]
+
+    def strip(rows):
+        clock = ("seconds", "active_seconds", "job_seconds", "per_update")
+        return [{k: v for k, v in r.items() if k not in clock} for r in rows]
+
     assert strip(again.collections()) == strip(run.collections())
     cols = ["responses", "problem_id", "correct", "response_length"]
     pd.testing.assert_frame_equal(again.evals()[cols], run.evals()[cols])
@@ -150,12 +169,32 @@ def test_a_resume_that_cannot_load_its_state_marks_the_run_failed(tiny_run, tmp_
 @pytest.mark.slow
 def test_smollm2_run_through_papermill(tmp_path):
     import papermill as pm
+
     out = tmp_path / "10_train.ipynb"
-    params = dict(task="countdown-2x10", model="smollm2-135m-instruct", rollout_batch_size=2, n_samples_per_prompt=4,
-                  global_batch_size=4, response_budget=16, eval_every_responses=8, eval_problems=4,
-                  max_new_tokens=24, lr=1e-5, seed=1, output_dir=str(tmp_path / "study"), run_id="smol", device="cpu")
-    pm.execute_notebook(str(ROOT / "notebooks" / "10_train.ipynb"), str(out), parameters=params, cwd=str(ROOT),
-                        progress_bar=False, kernel_name="python3")
+    params = dict(
+        task="countdown-2x10",
+        model="smollm2-135m-instruct",
+        rollout_batch_size=2,
+        n_samples_per_prompt=4,
+        global_batch_size=4,
+        response_budget=16,
+        eval_every_responses=8,
+        eval_problems=4,
+        max_new_tokens=24,
+        lr=1e-5,
+        seed=1,
+        output_dir=str(tmp_path / "study"),
+        run_id="smol",
+        device="cpu",
+    )
+    pm.execute_notebook(
+        str(ROOT / "notebooks" / "10_train.ipynb"),
+        str(out),
+        parameters=params,
+        cwd=str(ROOT),
+        progress_bar=False,
+        kernel_name="python3",
+    )
     run = RunDir(tmp_path / "study" / "smol")
     assert run.is_complete()
     rows = run.collections()
@@ -163,27 +202,57 @@ def test_smollm2_run_through_papermill(tmp_path):
     assert sorted(run.evals()["responses"].unique()) == [0, 8, 16]
     assert json.loads(run.config_path.read_text())["model"]["name"] == "smollm2-135m-instruct"
     executed = json.loads(out.read_text())
-    assert any("consumed as S=2 updates of B=4" in "".join(o.get("text", "")) for c in executed["cells"]
-               for o in c.get("outputs", []))
+    assert any(
+        "consumed as S=2 updates of B=4" in "".join(o.get("text", ""))
+        for c in executed["cells"]
+        for o in c.get("outputs", [])
+    )
 
 
 def test_terminal_test_job_writes_test_rows(tiny_run):
     from grpo_knobs.evaluation import run_test_job
+
     cfg, run = tiny_run
-    path = run_test_job(run.path.parent, {"run_id": cfg.resolved_run_id, "task": cfg.task, "model": str(run.final_path),
-                                          "max_new_tokens": 8, "problems": 5, "device": "cpu"})
+    path = run_test_job(
+        run.path.parent,
+        {
+            "run_id": cfg.resolved_run_id,
+            "task": cfg.task,
+            "model": str(run.final_path),
+            "max_new_tokens": 8,
+            "problems": 5,
+            "device": "cpu",
+        },
+    )
     df = pd.read_parquet(path)
     assert list(df.columns) == list(EVAL_COLUMNS) and len(df) == 5 and set(df.split) == {"test"}
     assert df.problem_id.str.contains("-test-").all()
     with pytest.raises(FileExistsError):
-        run_test_job(run.path.parent, {"run_id": cfg.resolved_run_id, "task": cfg.task, "model": str(run.final_path),
-                                       "max_new_tokens": 8, "problems": 5, "device": "cpu"})
+        run_test_job(
+            run.path.parent,
+            {
+                "run_id": cfg.resolved_run_id,
+                "task": cfg.task,
+                "model": str(run.final_path),
+                "max_new_tokens": 8,
+                "problems": 5,
+                "device": "cpu",
+            },
+        )
 
 
 def test_options_run_end_to_end(tmp_path):
     """Dr. GRPO advantages, token-mean loss, a k3 KL penalty and fixed-size micro-batches."""
-    cfg = tiny_cfg(tmp_path, std_normalize_advantages=False, loss_aggregation="token-mean", kl_coef=0.05,
-                   micro_batch_size=3, max_tokens_per_micro_batch=None, response_budget=16, eval_every_responses=16)
+    cfg = tiny_cfg(
+        tmp_path,
+        std_normalize_advantages=False,
+        loss_aggregation="token-mean",
+        kl_coef=0.05,
+        micro_batch_size=3,
+        max_tokens_per_micro_batch=None,
+        response_budget=16,
+        eval_every_responses=16,
+    )
     run = RunDir(train(cfg, progress=False))
     (row,) = run.collections()
     assert [u["micro_batches"] for u in row["per_update"]] == [3, 3]  # 8 responses in slices of 3, 3, 2
@@ -229,8 +298,14 @@ def test_on_policy_logprob_reuse_drops_the_scoring_pass_and_keeps_the_update(tmp
     monkeypatch.setattr(packing_mod, "packed_token_logprobs", counted_packed)
     finals, rows = {}, {}
     for reuse in (False, True):  # S = 4 x 4 / 16 = 1: one collection, one update
-        cfg = tiny_cfg(tmp_path / str(reuse), global_batch_size=16, response_budget=16, eval_every_responses=16,
-                       reuse_on_policy_logprobs=reuse, trainer_path=trainer_path)
+        cfg = tiny_cfg(
+            tmp_path / str(reuse),
+            global_batch_size=16,
+            response_budget=16,
+            eval_every_responses=16,
+            reuse_on_policy_logprobs=reuse,
+            trainer_path=trainer_path,
+        )
         calls.clear()
         run = RunDir(train(cfg, progress=False))
         rows[reuse] = run.collections()[0]

@@ -6,9 +6,6 @@ import time
 from fractions import Fraction
 
 import pytest
-from hypothesis import assume, given, settings
-from hypothesis import strategies as st
-
 from grpo_knobs.data import Problem
 from grpo_knobs.verifiers import (
     extract_countdown_expression,
@@ -20,6 +17,8 @@ from grpo_knobs.verifiers import (
     reward_audit,
     reward_audit_rows,
 )
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 TIME_LIMIT_S = 0.05
 
@@ -98,7 +97,7 @@ WRAPPERS = [
 
 
 @given(
-    n=st.integers(min_value=-10**7, max_value=10**7),
+    n=st.integers(min_value=-(10**7), max_value=10**7),
     surface=st.sampled_from(SURFACES),
     wrapper=st.sampled_from(WRAPPERS),
 )

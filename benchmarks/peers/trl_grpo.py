@@ -52,16 +52,52 @@ def build_config(a, out_dir: str, cuda: bool):
         raise SystemExit(f"--micro-batch {micro} must divide B={b}.")
     accum = b // micro
     return GRPOConfig(
-        output_dir=out_dir, seed=a.seed, learning_rate=a.lr, lr_scheduler_type="constant", warmup_steps=0,
-        adam_beta1=0.9, adam_beta2=0.98, adam_epsilon=1e-8, weight_decay=0.1, max_grad_norm=1.0,
-        per_device_train_batch_size=micro, gradient_accumulation_steps=accum, steps_per_generation=accum * s,
-        num_generations=g, num_iterations=1, max_completion_length=a.max_new_tokens, temperature=1.0, top_p=1.0,
-        top_k=0, beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="grpo", scale_rewards="group",
-        mask_truncated_completions=False, max_steps=a.responses // b, logging_steps=1, save_strategy="no",
-        report_to=[], bf16=cuda, use_cpu=not cuda, disable_dropout=True, remove_unused_columns=False,
-        log_completions=False, shuffle_dataset=True, dataloader_num_workers=0,
-    ), {"P": p, "G": g, "B": b, "S": s, "per_device_train_batch_size": micro, "gradient_accumulation_steps": accum,
-        "steps_per_generation": accum * s, "generation_batch_size": p * g}
+        output_dir=out_dir,
+        seed=a.seed,
+        learning_rate=a.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        adam_beta1=0.9,
+        adam_beta2=0.98,
+        adam_epsilon=1e-8,
+        weight_decay=0.1,
+        max_grad_norm=1.0,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=accum,
+        steps_per_generation=accum * s,
+        num_generations=g,
+        num_iterations=1,
+        max_completion_length=a.max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        loss_type="grpo",
+        scale_rewards="group",
+        mask_truncated_completions=False,
+        max_steps=a.responses // b,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        bf16=cuda,
+        use_cpu=not cuda,
+        disable_dropout=True,
+        remove_unused_columns=False,
+        log_completions=False,
+        shuffle_dataset=True,
+        dataloader_num_workers=0,
+    ), {
+        "P": p,
+        "G": g,
+        "B": b,
+        "S": s,
+        "per_device_train_batch_size": micro,
+        "gradient_accumulation_steps": accum,
+        "steps_per_generation": accum * s,
+        "generation_batch_size": p * g,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -83,17 +119,16 @@ def main(argv: list[str] | None = None) -> dict:
     a = ap.parse_args(argv)
 
     t0 = time.perf_counter()  # job time starts before the model loads, as a run's init phase does
-    import trl
     import transformers
+    import trl
     from datasets import Dataset
-    from transformers import TrainerCallback
-    from trl import GRPOTrainer
-
     from grpo_knobs.data import load_split
     from grpo_knobs.models import load_model
     from grpo_knobs.prompts import render_prompt
     from grpo_knobs.trainer import resolve_device
     from grpo_knobs.verifiers import grade
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
 
     device = resolve_device(a.device)
     cuda = device.type == "cuda"
@@ -115,10 +150,15 @@ def main(argv: list[str] | None = None) -> dict:
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "reward" in logs:  # logged once per generation, at its first update
                 s = (a.prompts * a.group) // a.batch
-                curve.append({"update": state.global_step,
-                              "responses": ((state.global_step - 1) // s + 1) * a.prompts * a.group,
-                              "reward_mean": logs["reward"], "job_seconds": time.perf_counter() - t0,
-                              "completion_length_mean": logs.get("completions/mean_length")})
+                curve.append(
+                    {
+                        "update": state.global_step,
+                        "responses": ((state.global_step - 1) // s + 1) * a.prompts * a.group,
+                        "reward_mean": logs["reward"],
+                        "job_seconds": time.perf_counter() - t0,
+                        "completion_length_mean": logs.get("completions/mean_length"),
+                    }
+                )
 
         def on_step_end(self, args, state, control, **kw):
             # Stop only where a generation's S updates are complete, so every counted response was trained on.
@@ -128,8 +168,14 @@ def main(argv: list[str] | None = None) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg, mapping = build_config(a, tmp, cuda)
-        trainer = GRPOTrainer(model=model, reward_funcs=countdown_reward, args=cfg, train_dataset=dataset,
-                              processing_class=tok, callbacks=[Record()])
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=countdown_reward,
+            args=cfg,
+            train_dataset=dataset,
+            processing_class=tok,
+            callbacks=[Record()],
+        )
         trainer.train()
     if cuda:
         torch.cuda.synchronize()
@@ -149,18 +195,34 @@ def main(argv: list[str] | None = None) -> dict:
     accuracy = sum(r["correct"] for r in rows) / max(len(rows), 1)
 
     result = {
-        "peer": "trl", "trl_version": trl.__version__, "transformers_version": transformers.__version__,
-        "torch_version": torch.__version__, "gpu": torch.cuda.get_device_name(device) if cuda else "cpu",
-        "model": info.name, "task": a.task, "seed": a.seed, "lr": a.lr, "max_new_tokens": a.max_new_tokens,
-        "knobs": mapping, "responses_planned": a.responses, "responses": responses, "updates": updates,
-        "completed": responses >= a.responses, "time_limit": a.time_limit, "job_seconds": job,
+        "peer": "trl",
+        "trl_version": trl.__version__,
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "gpu": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "model": info.name,
+        "task": a.task,
+        "seed": a.seed,
+        "lr": a.lr,
+        "max_new_tokens": a.max_new_tokens,
+        "knobs": mapping,
+        "responses_planned": a.responses,
+        "responses": responses,
+        "updates": updates,
+        "completed": responses >= a.responses,
+        "time_limit": a.time_limit,
+        "job_seconds": job,
         "seconds_per_1024_responses": job / responses * 1024 if responses else None,
-        "validation_accuracy_final": accuracy, "validation_problems": len(rows), "reward_curve": curve,
+        "validation_accuracy_final": accuracy,
+        "validation_problems": len(rows),
+        "reward_curve": curve,
         "argv": [str(x) for x in (argv or [])],
     }
-    print(f"TRL {trl.__version__}: {responses} responses ({updates} updates) in {job:.1f} s "
-          f"= {result['seconds_per_1024_responses'] or float('nan'):.2f} s per 1,024 responses; "
-          f"final validation {accuracy:.3f} on {len(rows)} problems")
+    print(
+        f"TRL {trl.__version__}: {responses} responses ({updates} updates) in {job:.1f} s "
+        f"= {result['seconds_per_1024_responses'] or float('nan'):.2f} s per 1,024 responses; "
+        f"final validation {accuracy:.3f} on {len(rows)} problems"
+    )
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -20,9 +20,11 @@ DEBUG_ENV = "GRPO_KNOBS_DEBUG"
 
 def _cmd_knobs(a: argparse.Namespace) -> int:
     from .knobs import BatchPlan
+
     plan = BatchPlan(a.rollout_batch_size, a.n_samples_per_prompt, a.global_batch_size, a.num_steps_per_rollout)
     summary = plan.summary(a.response_budget, a.eval_every_responses if a.response_budget else None)
     from .conventions import format_settings, shape_settings
+
     peers = shape_settings(plan, a.response_budget)
     if a.json:
         print(json.dumps(summary | peers, indent=2))
@@ -38,12 +40,14 @@ def _cmd_knobs(a: argparse.Namespace) -> int:
 
 def _cmd_fetch_model(a: argparse.Namespace) -> int:
     from .models import fetch_model
+
     print(fetch_model(a.name))
     return 0
 
 
 def _cmd_data(a: argparse.Namespace) -> int:
     from . import data
+
     if a.action == "build":
         for path in data.build_manifests(tasks=a.tasks or None):
             print(f"wrote {path}")
@@ -57,14 +61,19 @@ def _cmd_data(a: argparse.Namespace) -> int:
 def _cmd_train(a: argparse.Namespace) -> int:
     from .config import RunConfig, parse_overrides
     from .trainer import train
+
     overrides = parse_overrides(a.param or [])
     cfg = RunConfig.from_yaml(a.config, overrides) if a.config else RunConfig.from_dict(overrides)
     a.resume_hint = "grpo-knobs train " + " ".join(
-        ([f"--config {a.config}"] if a.config else []) + [f"-p {p}" for p in (a.param or []) if not p.startswith("resume=")]
-        + ["-p resume=true"])
+        ([f"--config {a.config}"] if a.config else [])
+        + [f"-p {p}" for p in (a.param or []) if not p.startswith("resume=")]
+        + ["-p resume=true"]
+    )
     print(cfg.plan.describe())
-    print(f"  budget {cfg.response_budget} responses = {cfg.collections} collections, "
-          f"{cfg.plan.updates_for_budget(cfg.response_budget)} updates; evaluations at {cfg.eval_points}")
+    print(
+        f"  budget {cfg.response_budget} responses = {cfg.collections} collections, "
+        f"{cfg.plan.updates_for_budget(cfg.response_budget)} updates; evaluations at {cfg.eval_points}"
+    )
     run_dir = train(cfg, progress=not a.no_progress)
     print(f"run complete: {run_dir}")
     return 0
@@ -72,8 +81,15 @@ def _cmd_train(a: argparse.Namespace) -> int:
 
 def _cmd_test_eval(a: argparse.Namespace) -> int:
     from .evaluation import run_test_job
-    job = {"run_id": a.run_id, "task": a.task, "model": a.model, "max_new_tokens": a.max_new_tokens,
-           "problems": a.problems, "device": a.device}
+
+    job = {
+        "run_id": a.run_id,
+        "task": a.task,
+        "model": a.model,
+        "max_new_tokens": a.max_new_tokens,
+        "problems": a.problems,
+        "device": a.device,
+    }
     print(run_test_job(Path(a.study_dir), job))
     return 0
 
@@ -81,6 +97,7 @@ def _cmd_test_eval(a: argparse.Namespace) -> int:
 def _cmd_plan(a: argparse.Namespace) -> int:
     from . import study
     from .config import parse_plan_params
+
     plan = study.plan(a.preset, study_dir=a.study_dir, params=parse_plan_params(a.param or []))
     if a.json:
         print(json.dumps(study.plan_to_json(plan), indent=2))
@@ -92,10 +109,19 @@ def _cmd_plan(a: argparse.Namespace) -> int:
 def _cmd_study(a: argparse.Namespace) -> int:
     from . import study
     from .config import parse_plan_params
+
     a.resume_hint = f"run the same `grpo-knobs study {a.preset}` command again (complete runs are skipped)"
-    report = study.run_study(a.preset, phases=a.phase or None, jobs=a.jobs, study_dir=a.study_dir,
-                             executor=a.executor, params=parse_plan_params(a.param or []), only=a.only or None,
-                             scheduler=a.scheduler, ray_address=a.ray_address)
+    report = study.run_study(
+        a.preset,
+        phases=a.phase or None,
+        jobs=a.jobs,
+        study_dir=a.study_dir,
+        executor=a.executor,
+        params=parse_plan_params(a.param or []),
+        only=a.only or None,
+        scheduler=a.scheduler,
+        ray_address=a.ray_address,
+    )
     print(report.summary())
     if report.failed:
         return 1
@@ -108,9 +134,12 @@ def _cmd_study(a: argparse.Namespace) -> int:
 
 def _cmd_analyze(a: argparse.Namespace) -> int:
     from . import study
+
     if a.committed:
         if a.study_dir or a.out_dir:
-            raise SystemExit("--committed re-executes notebooks/5*.ipynb on their defaults; drop STUDY_DIR and --out-dir.")
+            raise SystemExit(
+                "--committed re-executes notebooks/5*.ipynb on their defaults; drop STUDY_DIR and --out-dir."
+            )
         for path in study.refresh_committed_notebooks():
             print(f"refreshed: {path}")
         return 0
@@ -123,30 +152,44 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
 
 def _cmd_notebook_params(a: argparse.Namespace) -> int:
     from .study.notebooks import write_parameters_cell
+
     matched = write_parameters_cell(check=a.check)
     if a.check and not matched:
-        raise ValueError("the parameters cell of notebooks/10_train.ipynb differs from RunConfig; "
-                         "run `grpo-knobs notebook-params` to rewrite it")
-    print("notebooks/10_train.ipynb: parameters cell " + ("matches RunConfig" if matched else "rewritten from RunConfig"))
+        raise ValueError(
+            "the parameters cell of notebooks/10_train.ipynb differs from RunConfig; "
+            "run `grpo-knobs notebook-params` to rewrite it"
+        )
+    print(
+        "notebooks/10_train.ipynb: parameters cell " + ("matches RunConfig" if matched else "rewritten from RunConfig")
+    )
     return 0
 
 
 def _cmd_report(a: argparse.Namespace) -> int:
     from .report import write_report
+
     print(f"report: {write_report(a.study_dir, a.out, a.notebooks)}")
     return 0
 
 
 def _cmd_audit(a: argparse.Namespace) -> int:
     from .audit import run_reward_audit
-    out = run_reward_audit(task=a.task, model=a.model, problems=a.problems, max_new_tokens=a.max_new_tokens,
-                           out_dir=Path(a.out_dir), device=a.device)
+
+    out = run_reward_audit(
+        task=a.task,
+        model=a.model,
+        problems=a.problems,
+        max_new_tokens=a.max_new_tokens,
+        out_dir=Path(a.out_dir),
+        device=a.device,
+    )
     print(out)
     return 0
 
 
 def _cmd_export(a: argparse.Namespace) -> int:
     from .tracking import export
+
     out, runs = export(a.dir, a.to, out=a.out, x=a.x, project=a.project)
     print(f"{len(runs)} run(s) written to {out} ({a.to}, x = {a.x})")
     if a.to == "tensorboard":
@@ -199,36 +242,60 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="Validate a study preset and print its runs.")
     pl.add_argument("preset", help="smoke, h200-mini, paper, or a path to a plan YAML.")
     pl.add_argument("--json", action="store_true")
-    pl.add_argument("--study-dir", default=None, help="Show concrete confirmation runs once this study has a selection.")
+    pl.add_argument(
+        "--study-dir", default=None, help="Show concrete confirmation runs once this study has a selection."
+    )
     pl.add_argument("--param", action="append", metavar="KEY=VALUE", help="Set one of the plan's params (repeatable).")
     pl.set_defaults(func=_cmd_plan)
 
-    st = sub.add_parser("study", help="Run a study preset (skips complete runs, resumes partial ones), then its analysis.")
+    st = sub.add_parser(
+        "study", help="Run a study preset (skips complete runs, resumes partial ones), then its analysis."
+    )
     st.add_argument("preset")
-    st.add_argument("--phase", action="append", help="Only these phases (repeatable): screening, lr-followup, "
-                                                     "selection, confirmation, test.")
-    st.add_argument("--jobs", type=int, default=1, help="Runs side by side in worker processes; on GPUs, worker k uses GPU k mod n "
-                                                          "(use one job per GPU for clean phase times).")
+    st.add_argument(
+        "--phase",
+        action="append",
+        help="Only these phases (repeatable): screening, lr-followup, selection, confirmation, test.",
+    )
+    st.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="Runs side by side in worker processes; on GPUs, worker k uses GPU k mod n "
+        "(use one job per GPU for clean phase times).",
+    )
     st.add_argument("--study-dir", default=None, help="Default: runs/<preset>.")
     st.add_argument("--executor", choices=["auto", "papermill", "inprocess"], default="auto")
     st.add_argument("--param", action="append", metavar="KEY=VALUE", help="Set one of the plan's params (repeatable).")
     st.add_argument("--only", action="append", metavar="GLOB", help="Only runs whose id matches (repeatable).")
     st.add_argument("--no-analysis", action="store_true", help="Skip the analysis notebooks at the end.")
-    st.add_argument("--scheduler", choices=["local", "ray"], default="local",
-                    help="local: this machine (--jobs workers); ray: each run a Ray task holding the GPUs and CPUs "
-                         "it needs (docs/cluster.md).")
-    st.add_argument("--ray-address", default=None, help="Ray cluster to run on (e.g. HEAD_IP:6379, or auto); "
-                                                        "default: start a local Ray instance.")
+    st.add_argument(
+        "--scheduler",
+        choices=["local", "ray"],
+        default="local",
+        help="local: this machine (--jobs workers); ray: each run a Ray task holding the GPUs and CPUs "
+        "it needs (docs/cluster.md).",
+    )
+    st.add_argument(
+        "--ray-address",
+        default=None,
+        help="Ray cluster to run on (e.g. HEAD_IP:6379, or auto); default: start a local Ray instance.",
+    )
     st.set_defaults(func=_cmd_study)
 
     an = sub.add_parser("analyze", help="Execute the analysis notebooks (50-56) on a study directory.")
     an.add_argument("study_dir", nargs="?")
     an.add_argument("--out-dir", default=None, help="Default: <study_dir>/figures.")
-    an.add_argument("--committed", action="store_true",
-                    help="Re-execute the committed notebooks in place (results/h200-mini -> figures/).")
+    an.add_argument(
+        "--committed",
+        action="store_true",
+        help="Re-execute the committed notebooks in place (results/h200-mini -> figures/).",
+    )
     an.set_defaults(func=_cmd_analyze)
 
-    nbp = sub.add_parser("notebook-params", help="Rewrite the parameters cell of notebooks/10_train.ipynb from RunConfig.")
+    nbp = sub.add_parser(
+        "notebook-params", help="Rewrite the parameters cell of notebooks/10_train.ipynb from RunConfig."
+    )
     nbp.add_argument("--check", action="store_true", help="Only check; exit 2 when the cell differs.")
     nbp.set_defaults(func=_cmd_notebook_params)
 
@@ -246,11 +313,17 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--out-dir", default="runs/audit")
     au.add_argument("--device", default="auto")
     au.set_defaults(func=_cmd_audit)
-    ex = sub.add_parser("export", help="Write a run's or study's records as TensorBoard event files or a trackio project.")
+    ex = sub.add_parser(
+        "export", help="Write a run's or study's records as TensorBoard event files or a trackio project."
+    )
     ex.add_argument("dir", help="A run directory or a study directory.")
     ex.add_argument("--to", required=True, choices=["tensorboard", "trackio"])
-    ex.add_argument("--x", default="responses", choices=["responses", "updates", "seconds"],
-                    help="Horizontal axis: training responses, optimizer updates, or active seconds (as milliseconds).")
+    ex.add_argument(
+        "--x",
+        default="responses",
+        choices=["responses", "updates", "seconds"],
+        help="Horizontal axis: training responses, optimizer updates, or active seconds (as milliseconds).",
+    )
     ex.add_argument("--out", default=None, help="Default: DIR/tracking/<tracker>.")
     ex.add_argument("--project", default=None, help="trackio project (default: the study's name).")
     ex.set_defaults(func=_cmd_export)

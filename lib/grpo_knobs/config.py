@@ -38,7 +38,9 @@ class RunConfig:
     rollout_batch_size: int = field(default=16, metadata={"help": "P: prompts drawn per collection."})
     n_samples_per_prompt: int = field(default=8, metadata={"help": "G: responses per prompt (group size)."})
     global_batch_size: int = field(default=128, metadata={"help": "B: responses per optimizer update."})
-    num_steps_per_rollout: int | None = field(default=None, metadata={"help": "S: updates per collection; derived when None."})
+    num_steps_per_rollout: int | None = field(
+        default=None, metadata={"help": "S: updates per collection; derived when None."}
+    )
     # --- optimisation
     lr: float = field(default=3e-6, metadata={"help": "Constant AdamW learning rate."})
     adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
@@ -47,71 +49,135 @@ class RunConfig:
     grad_clip: float = field(default=1.0, metadata={"help": "Global gradient-norm clip."})
     clip_low: float = field(default=0.2, metadata={"help": "PPO ratio clip below: 1 - clip_low."})
     clip_high: float = field(default=0.28, metadata={"help": "PPO ratio clip above: 1 + clip_high."})
-    std_normalize_advantages: bool = field(default=True, metadata={"help": "Divide by the group's sample std (False: Dr. GRPO)."})
+    std_normalize_advantages: bool = field(
+        default=True, metadata={"help": "Divide by the group's sample std (False: Dr. GRPO)."}
+    )
     loss_aggregation: str = field(default="sequence-mean", metadata={"help": "sequence-mean or token-mean."})
     kl_coef: float = field(default=0.0, metadata={"help": "k3 KL penalty to the initial policy (0 = off)."})
-    reuse_on_policy_logprobs: bool = field(default=False, metadata={
-        "help": "With one update per collection (S=1) the old policy is the current one: take the old log-probs "
-                "from the update's own forward pass, detached, instead of a separate scoring pass. Same loss "
-                "and gradients, one forward pass fewer; no effect when S > 1. Off by default: the study's "
-                "trainer time includes old-policy scoring in every arm, and saving it only where S=1 would "
-                "tilt the job-time comparison between knob shapes."})
+    reuse_on_policy_logprobs: bool = field(
+        default=False,
+        metadata={
+            "help": "With one update per collection (S=1) the old policy is the current one: take the old log-probs "
+            "from the update's own forward pass, detached, instead of a separate scoring pass. Same loss "
+            "and gradients, one forward pass fewer; no effect when S > 1. Off by default: the study's "
+            "trainer time includes old-policy scoring in every arm, and saving it only where S=1 would "
+            "tilt the job-time comparison between knob shapes."
+        },
+    )
     # --- budget and evaluation
     seed: int = field(default=1, metadata={"help": "Fixes data draws, sampling and initialisation of a run."})
     response_budget: int = field(default=1024, metadata={"help": "Training responses in the run (whole collections)."})
-    eval_every_responses: int = field(default=512, metadata={"help": "Evaluate every N responses (whole collections)."})
+    eval_every_responses: int = field(
+        default=512, metadata={"help": "Evaluate every N responses (whole collections)."}
+    )
     eval_problems: int | None = field(default=None, metadata={"help": "Validation problems evaluated; None = all."})
     max_new_tokens: int = field(default=256, metadata={"help": "Response-token cap for training rollouts."})
-    eval_max_new_tokens: int | None = field(default=None, metadata={"help": "Cap for evaluation; None = max_new_tokens."})
+    eval_max_new_tokens: int | None = field(
+        default=None, metadata={"help": "Cap for evaluation; None = max_new_tokens."}
+    )
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of training rollouts."})
     # --- memory and speed (never change the learning algorithm)
-    micro_batch_size: int | None = field(default=None, metadata={"help": "Responses per micro-batch (alternative to the token budget)."})
-    max_tokens_per_micro_batch: int | None = field(default=8192, metadata={"help": "Token budget per micro-batch (packing)."})
-    trainer_path: str = field(default="auto", metadata={
-        "help": "Trainer forward/backward: packed (sequences back to back, no padding, variable-length attention, "
-                "chunked log-prob head), packed-compiled (the same through torch.compile on CUDA), padded "
-                "(right-padded micro-batches), or auto: packed where the model supports it. Same loss and "
-                "gradients up to rounding."})
-    packed_tokens_per_micro_batch: int | None = field(default=None, metadata={
-        "help": "Token budget of a packed micro-batch; None: sized to free GPU memory on CUDA, "
-                "max_tokens_per_micro_batch elsewhere."})
-    max_concurrent_sequences: int = field(default=512, metadata={
-        "help": "Most sequences generated at once (concurrency cap; not TRL's generation_batch_size, which is P x G)."})
+    micro_batch_size: int | None = field(
+        default=None, metadata={"help": "Responses per micro-batch (alternative to the token budget)."}
+    )
+    max_tokens_per_micro_batch: int | None = field(
+        default=8192, metadata={"help": "Token budget per micro-batch (packing)."}
+    )
+    trainer_path: str = field(
+        default="auto",
+        metadata={
+            "help": "Trainer forward/backward: packed (sequences back to back, no padding, variable-length attention, "
+            "chunked log-prob head), packed-compiled (the same through torch.compile on CUDA), padded "
+            "(right-padded micro-batches), or auto: packed where the model supports it. Same loss and "
+            "gradients up to rounding."
+        },
+    )
+    packed_tokens_per_micro_batch: int | None = field(
+        default=None,
+        metadata={
+            "help": "Token budget of a packed micro-batch; None: sized to free GPU memory on CUDA, "
+            "max_tokens_per_micro_batch elsewhere."
+        },
+    )
+    max_concurrent_sequences: int = field(
+        default=512,
+        metadata={
+            "help": "Most sequences generated at once (concurrency cap; not TRL's generation_batch_size, "
+            "which is P x G)."
+        },
+    )
     engine: str = field(default="hf", metadata={"help": "Rollout engine: hf or sglang."})
-    engine_url: str | None = field(default=None, metadata={"help": "sglang: attach to this server instead of launching one."})
-    fast_rollout: str = field(default="auto", metadata={
-        "help": "hf engine decode path: on (static cache, CUDA graphs on GPU), fused (on, plus the Triton "
-                "decode kernels), off (model.generate), or auto: fused on GPU where the model allows, else on; off on CPU."})
+    engine_url: str | None = field(
+        default=None, metadata={"help": "sglang: attach to this server instead of launching one."}
+    )
+    fast_rollout: str = field(
+        default="auto",
+        metadata={
+            "help": "hf engine decode path: on (static cache, CUDA graphs on GPU), fused (on, plus the Triton "
+            "decode kernels), off (model.generate), or auto: fused on GPU where the model allows, else on; off on CPU."
+        },
+    )
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda[:n]."})
     # --- SGLang server (engine=sglang; grpo_knobs.rollout.sglang); the run seed becomes its --random-seed
-    sglang_mem_fraction: float = field(default=0.65, metadata={
-        "help": "sglang: GPU memory share for weights and KV cache (--mem-fraction-static)."})
-    sglang_base_gpu_id: int | None = field(default=None, metadata={
-        "help": "sglang: first server GPU (--base-gpu-id); None: not the trainer's where two are visible."})
-    sglang_deterministic: bool = field(default=False, metadata={
-        "help": "sglang: --enable-deterministic-inference, so per-response seeds reproduce samples (slower)."})
-    sglang_server_args: str = field(default="", metadata={
-        "help": "sglang: further server flags, shell-quoted (e.g. '--attention-backend fa3')."})
-    sglang_max_retries: int = field(default=5, metadata={
-        "help": "sglang: re-sends of a request after a 503, a dropped connection, a timeout or an abort."})
-    sglang_max_restarts: int = field(default=2, metadata={
-        "help": "sglang: restarts of a launched server that died, per run."})
-    sglang_request_timeout: float = field(default=3600.0, metadata={
-        "help": "sglang: seconds one request may take before it is re-sent."})
-    sglang_startup_timeout: float = field(default=900.0, metadata={
-        "help": "sglang: seconds the server may take to become healthy."})
-    sglang_python: str | None = field(default=None, metadata={
-        "help": "sglang: Python of the environment SGLang is installed in (it pins its own torch); None: this one."})
+    sglang_mem_fraction: float = field(
+        default=0.65, metadata={"help": "sglang: GPU memory share for weights and KV cache (--mem-fraction-static)."}
+    )
+    sglang_base_gpu_id: int | None = field(
+        default=None,
+        metadata={"help": "sglang: first server GPU (--base-gpu-id); None: not the trainer's where two are visible."},
+    )
+    sglang_deterministic: bool = field(
+        default=False,
+        metadata={
+            "help": "sglang: --enable-deterministic-inference, so per-response seeds reproduce samples (slower)."
+        },
+    )
+    sglang_server_args: str = field(
+        default="", metadata={"help": "sglang: further server flags, shell-quoted (e.g. '--attention-backend fa3')."}
+    )
+    sglang_max_retries: int = field(
+        default=5,
+        metadata={"help": "sglang: re-sends of a request after a 503, a dropped connection, a timeout or an abort."},
+    )
+    sglang_max_restarts: int = field(
+        default=2, metadata={"help": "sglang: restarts of a launched server that died, per run."}
+    )
+    sglang_request_timeout: float = field(
+        default=3600.0, metadata={"help": "sglang: seconds one request may take before it is re-sent."}
+    )
+    sglang_startup_timeout: float = field(
+        default=900.0, metadata={"help": "sglang: seconds the server may take to become healthy."}
+    )
+    sglang_python: str | None = field(
+        default=None,
+        metadata={
+            "help": "sglang: Python of the environment SGLang is installed in (it pins its own torch); None: this one."
+        },
+    )
     # --- records
-    output_dir: str = field(default="runs/adhoc", metadata={"help": "Study directory; the run lives in output_dir/run_id."})
-    run_id: str = field(default="", metadata={"help": "Run directory name; derived from the arm, task and seed when empty."})
+    output_dir: str = field(
+        default="runs/adhoc", metadata={"help": "Study directory; the run lives in output_dir/run_id."}
+    )
+    run_id: str = field(
+        default="", metadata={"help": "Run directory name; derived from the arm, task and seed when empty."}
+    )
     resume: bool = field(default=False, metadata={"help": "Continue an existing run from its last saved collection."})
     save_checkpoint: bool = field(default=True, metadata={"help": "Save final/ safetensors at the end."})
-    resume_every_collections: int = field(default=0, metadata={"help": "Save resumable state every N collections (0: at evaluations)."})
-    data_dir: str | None = field(default=None, metadata={"help": "GSM8K directory (else the repository's data/gsm8k, then GRPO_KNOBS_DATA)."})
-    tracker: str = field(default="none", metadata={
-        "help": "Also log scalars live to none, tensorboard or trackio (beside the records; never replaces them)."})
-    tracking_dir: str | None = field(default=None, metadata={"help": "Where the tracker writes; None = <run_dir>/tracking."})
+    resume_every_collections: int = field(
+        default=0, metadata={"help": "Save resumable state every N collections (0: at evaluations)."}
+    )
+    data_dir: str | None = field(
+        default=None, metadata={"help": "GSM8K directory (else the repository's data/gsm8k, then GRPO_KNOBS_DATA)."}
+    )
+    tracker: str = field(
+        default="none",
+        metadata={
+            "help": "Also log scalars live to none, tensorboard or trackio (beside the records; never replaces them)."
+        },
+    )
+    tracking_dir: str | None = field(
+        default=None, metadata={"help": "Where the tracker writes; None = <run_dir>/tracking."}
+    )
     # --- labels used by studies and analysis
     study: str = field(default="adhoc", metadata={"help": "Study name recorded with the run."})
     phase: str = field(default="adhoc", metadata={"help": "screening, lr-followup, confirmation, pilot or adhoc."})
@@ -121,8 +187,9 @@ class RunConfig:
     def __post_init__(self) -> None:
         self.validate()
         # Derived once: S (when left to be derived) and the plan every later step reads.
-        plan = BatchPlan(self.rollout_batch_size, self.n_samples_per_prompt, self.global_batch_size,
-                         self.num_steps_per_rollout)
+        plan = BatchPlan(
+            self.rollout_batch_size, self.n_samples_per_prompt, self.global_batch_size, self.num_steps_per_rollout
+        )
         object.__setattr__(self, "num_steps_per_rollout", plan.num_steps_per_rollout)
         object.__setattr__(self, "plan", plan)
 
@@ -145,8 +212,9 @@ class RunConfig:
     def validate(self) -> None:
         """Fail fast, with the field name and a fix, on any bad value. Changes nothing."""
         _check_types(self)
-        plan = BatchPlan(self.rollout_batch_size, self.n_samples_per_prompt, self.global_batch_size,
-                         self.num_steps_per_rollout)  # raises on a bad knob shape, naming the knob to change
+        plan = BatchPlan(
+            self.rollout_batch_size, self.n_samples_per_prompt, self.global_batch_size, self.num_steps_per_rollout
+        )  # raises on a bad knob shape, naming the knob to change
         plan.eval_points(self.response_budget, self.eval_every_responses)
         from .data import list_tasks
 
@@ -158,9 +226,13 @@ class RunConfig:
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must lie in [0, 1), got {getattr(self, name)}.")
         if not 0.0 < self.clip_low < 1.0:
-            raise ValueError(f"clip_low must lie in (0, 1): the ratio is clipped below at 1 - clip_low; got {self.clip_low}.")
+            raise ValueError(
+                f"clip_low must lie in (0, 1): the ratio is clipped below at 1 - clip_low; got {self.clip_low}."
+            )
         if not self.clip_high > 0.0:
-            raise ValueError(f"clip_high must be positive: the ratio is clipped above at 1 + clip_high; got {self.clip_high}.")
+            raise ValueError(
+                f"clip_high must be positive: the ratio is clipped above at 1 + clip_high; got {self.clip_high}."
+            )
         if self.weight_decay < 0 or self.grad_clip <= 0 or self.kl_coef < 0:
             raise ValueError("weight_decay and kl_coef must be >= 0 and grad_clip > 0.")
         _check_choice("loss_aggregation", self.loss_aggregation, LOSS_AGGREGATIONS)
@@ -173,8 +245,15 @@ class RunConfig:
             raise ValueError("Set micro_batch_size or max_tokens_per_micro_batch, not both (set the other to None).")
         if self.micro_batch_size is None and self.max_tokens_per_micro_batch is None:
             raise ValueError("Set one of micro_batch_size or max_tokens_per_micro_batch.")
-        for name in ("micro_batch_size", "max_tokens_per_micro_batch", "packed_tokens_per_micro_batch",
-                     "eval_problems", "eval_max_new_tokens", "max_new_tokens", "max_concurrent_sequences"):
+        for name in (
+            "micro_batch_size",
+            "max_tokens_per_micro_batch",
+            "packed_tokens_per_micro_batch",
+            "eval_problems",
+            "eval_max_new_tokens",
+            "max_new_tokens",
+            "max_concurrent_sequences",
+        ):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value}.")
@@ -199,6 +278,7 @@ class RunConfig:
                 raise ValueError(f"{name} must be a positive number of seconds, got {getattr(self, name)!r}.")
         if self.sglang_server_args:
             from .rollout.sglang import split_server_args
+
             split_server_args(self.sglang_server_args)
 
     def to_dict(self) -> dict[str, Any]:
@@ -238,22 +318,26 @@ class RunConfig:
         """A run from a TRL ``GRPOConfig`` (or a mapping of its keys); ``fields`` set what TRL does not hold.
         Settings the study cannot express are refused (see ``grpo_knobs.conventions``)."""
         from .conventions import from_trl
+
         return cls.from_dict({**from_trl(config), **fields})
 
     def to_trl(self, num_processes: int = 1, gradient_accumulation_steps: int = 1) -> dict[str, Any]:
         """TRL ``GRPOConfig`` keyword arguments for this run."""
         from .conventions import to_trl
+
         return to_trl(self, num_processes=num_processes, gradient_accumulation_steps=gradient_accumulation_steps)
 
     @classmethod
     def from_verl(cls, config: Any, **fields: Any) -> "RunConfig":
         """A run from verl's PPO-trainer settings (dotted keys or nested mapping); ``fields`` as in from_trl."""
         from .conventions import from_verl
+
         return cls.from_dict({**from_verl(config), **fields})
 
     def to_verl(self) -> dict[str, Any]:
         """verl PPO-trainer overrides (dotted keys) for this run."""
         from .conventions import to_verl
+
         return to_verl(self)
 
     @classmethod
@@ -325,8 +409,11 @@ def config_drift(recorded: dict[str, Any], cfg: RunConfig) -> list[str]:
     """
     recorded = {DEPRECATED_NAMES.get(k, k): v for k, v in recorded.items()}  # records keep their old names
     now = cfg.to_dict()
-    return [f"{k}: recorded {recorded[k]!r}, now {v!r}" for k, v in now.items()
-            if k not in RESUMABLE_FIELDS and k in recorded and recorded[k] != v]
+    return [
+        f"{k}: recorded {recorded[k]!r}, now {v!r}"
+        for k, v in now.items()
+        if k not in RESUMABLE_FIELDS and k in recorded and recorded[k] != v
+    ]
 
 
 def field_types() -> dict[str, Any]:
@@ -397,12 +484,17 @@ def _check_types(cfg: RunConfig) -> None:
         if value is None and optional:
             continue
         kind = kinds[0]
-        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) if kind is float else (
-            isinstance(value, kind) and (kind is bool or not isinstance(value, bool)))
+        ok = (
+            (isinstance(value, (int, float)) and not isinstance(value, bool))
+            if kind is float
+            else (isinstance(value, kind) and (kind is bool or not isinstance(value, bool)))
+        )
         if not ok:
             allowed = " or None" if optional else ""
-            raise ValueError(f"{name} must be {kind.__name__}{allowed}, got {value!r} ({type(value).__name__}); "
-                             "build configs with RunConfig.from_dict to parse strings.")
+            raise ValueError(
+                f"{name} must be {kind.__name__}{allowed}, got {value!r} ({type(value).__name__}); "
+                "build configs with RunConfig.from_dict to parse strings."
+            )
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -413,15 +505,21 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
 def rename_deprecated(values: dict[str, Any]) -> dict[str, Any]:
     """``values`` with deprecated parameter names replaced by their new names (one warning each)."""
     import warnings
+
     out = dict(values)
     for old, new in DEPRECATED_NAMES.items():
         if old in out:
             value = out.pop(old)
             if new in out and out[new] != value:
-                raise ValueError(f"{old!r} is the deprecated name of {new!r}; set only {new!r} "
-                                 f"(got {old}={value!r} and {new}={out[new]!r}).")
-            warnings.warn(f"{old} is deprecated; use {new} (same meaning: a generation concurrency cap).",
-                          DeprecationWarning, stacklevel=3)
+                raise ValueError(
+                    f"{old!r} is the deprecated name of {new!r}; set only {new!r} "
+                    f"(got {old}={value!r} and {new}={out[new]!r})."
+                )
+            warnings.warn(
+                f"{old} is deprecated; use {new} (same meaning: a generation concurrency cap).",
+                DeprecationWarning,
+                stacklevel=3,
+            )
             out[new] = value
     return out
 

@@ -168,10 +168,7 @@ TASKS: dict[str, TaskSpec] = {
     ),
     "countdown-2x20": CountdownVariant(
         name="countdown-2x20",
-        description=(
-            "2 numbers from 1-20: all 654 instances, split 128 validation / 128 test / "
-            "398 train"
-        ),
+        description=("2 numbers from 1-20: all 654 instances, split 128 validation / 128 test / 398 train"),
         counts=(2,),
         number_range=(1, 20),
         target_range=(1, 400),
@@ -207,10 +204,7 @@ TASKS: dict[str, TaskSpec] = {
     ),
     "countdown-3x10": CountdownVariant(
         name="countdown-3x10",
-        description=(
-            "3 numbers from 1-10: all 3,130 instances, split 512 validation / 512 test / "
-            "2,106 train"
-        ),
+        description=("3 numbers from 1-10: all 3,130 instances, split 512 validation / 512 test / 2,106 train"),
         counts=(3,),
         number_range=(1, 10),
         target_range=(1, 1000),
@@ -265,9 +259,7 @@ def _check_split(split: str) -> None:
 # Public loading ----------------------------------------------------------------
 
 
-def load_split(
-    task: str, split: str, data_dir: str | os.PathLike | None = None, verify: bool = True
-) -> list[Problem]:
+def load_split(task: str, split: str, data_dir: str | os.PathLike | None = None, verify: bool = True) -> list[Problem]:
     """The problems of one split, checked against the committed manifest.
 
     ``data_dir`` only matters for GSM8K (see :func:`resolve_gsm8k_dir`);
@@ -333,8 +325,9 @@ def resolve_gsm8k_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
     """
     if data_dir is not None:
         if _gsm8k_files(Path(data_dir)) is None:
-            raise FileNotFoundError(f"data_dir={data_dir} has no train.jsonl and test.jsonl "
-                                    "(checked it and its gsm8k/ subdirectory)")
+            raise FileNotFoundError(
+                f"data_dir={data_dir} has no train.jsonl and test.jsonl (checked it and its gsm8k/ subdirectory)"
+            )
         return Path(data_dir)
     for candidate in _default_gsm8k_dirs():
         if _gsm8k_files(candidate) is not None:
@@ -342,8 +335,9 @@ def resolve_gsm8k_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
     env = os.environ.get(DATA_ENV_VAR)
     if env:
         if _gsm8k_files(Path(env)) is None:
-            raise FileNotFoundError(f"${DATA_ENV_VAR}={env} has no train.jsonl and test.jsonl "
-                                    "(checked it and its gsm8k/ subdirectory)")
+            raise FileNotFoundError(
+                f"${DATA_ENV_VAR}={env} has no train.jsonl and test.jsonl (checked it and its gsm8k/ subdirectory)"
+            )
         return Path(env)
     return None
 
@@ -357,8 +351,10 @@ def _read_jsonl(path: Path) -> list[dict]:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as error:
-                raise ValueError(f"{path}, line {number}: not valid JSON ({error.msg} at column {error.colno}); "
-                                 "restore the file from its source (see data/gsm8k/SOURCE.md)") from None
+                raise ValueError(
+                    f"{path}, line {number}: not valid JSON ({error.msg} at column {error.colno}); "
+                    "restore the file from its source (see data/gsm8k/SOURCE.md)"
+                ) from None
     return rows
 
 
@@ -432,8 +428,7 @@ def _validation_indices(train: list[dict], test: list[dict], spec: GSM8KTask) ->
     eligible = [
         index
         for index, row in enumerate(train)
-        if counts[normalize_question(row["question"])] == 1
-        and normalize_question(row["question"]) not in test_keys
+        if counts[normalize_question(row["question"])] == 1 and normalize_question(row["question"]) not in test_keys
     ]
     if len(eligible) < spec.validation_size:
         raise ValueError(f"only {len(eligible)} GSM8K rows eligible for validation")
@@ -441,9 +436,7 @@ def _validation_indices(train: list[dict], test: list[dict], spec: GSM8KTask) ->
     return sorted(eligible[: spec.validation_size])
 
 
-def gsm8k_splits(
-    spec: GSM8KTask = TASKS["gsm8k"], data_dir=None
-) -> tuple[dict[str, tuple[Problem, ...]], dict]:
+def gsm8k_splits(spec: GSM8KTask = TASKS["gsm8k"], data_dir=None) -> tuple[dict[str, tuple[Problem, ...]], dict]:
     """The three GSM8K splits (in source order) and their source description.
 
     IDs come from the row's index in its source file (``gsm8k-train-0123``),
@@ -565,9 +558,7 @@ def _wrap(expression: str) -> str:
     return expression if expression.isdigit() else f"({expression})"
 
 
-def _random_expression(
-    rng: random.Random, numbers: list[int], operators: str
-) -> tuple[Value, str] | None:
+def _random_expression(rng: random.Random, numbers: list[int], operators: str) -> tuple[Value, str] | None:
     """Combine random pairs with random operators until one expression is left."""
     items: list[tuple[Value, str]] = [(n, str(n)) for n in numbers]
     while len(items) > 1:
@@ -623,14 +614,11 @@ def _enumerated_instances(spec: CountdownVariant) -> list[Instance]:
     rng = random.Random(spec.seed)
     rng.shuffle(instances)
     return [
-        (tuple(rng.sample(numbers, len(numbers))), target, expression)
-        for numbers, target, expression in instances
+        (tuple(rng.sample(numbers, len(numbers))), target, expression) for numbers, target, expression in instances
     ]
 
 
-def _countdown_problem(
-    spec: CountdownVariant, split: str, index: int, width: int, instance: Instance
-) -> Problem:
+def _countdown_problem(spec: CountdownVariant, split: str, index: int, width: int, instance: Instance) -> Problem:
     numbers, target, expression = instance
     return Problem(
         id=f"{spec.name}-{split}-{index:0{width}d}",
@@ -724,8 +712,7 @@ def load_countdown_hub(
     start, stop = _split_bounds(spec, len(instances))[split]
     width = max(4, len(str(stop - start - 1)))
     return [
-        _countdown_problem(spec, split, index, width, instance)
-        for index, instance in enumerate(instances[start:stop])
+        _countdown_problem(spec, split, index, width, instance) for index, instance in enumerate(instances[start:stop])
     ]
 
 
@@ -747,8 +734,10 @@ def _read_manifest(task: str, required: bool = True) -> dict | None:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
-        raise ValueError(f"manifest {path} is not valid JSON (line {error.lineno}, column {error.colno}: "
-                         f"{error.msg}); restore it with git or rebuild it with `grpo-knobs data build`") from None
+        raise ValueError(
+            f"manifest {path} is not valid JSON (line {error.lineno}, column {error.colno}: "
+            f"{error.msg}); restore it with git or rebuild it with `grpo-knobs data build`"
+        ) from None
 
 
 def _verify(task: str, split: str, problems: tuple[Problem, ...]) -> None:
@@ -774,8 +763,7 @@ def _source_entries(spec: TaskSpec, data_dir) -> tuple[dict[str, tuple[Problem, 
     if source["kind"] == "hub":
         return splits, {split: {**source, **rule} for split in SPLITS}
     files = {
-        name: {"path": _relative_to_repo(path), "sha256": sha256_file(path)}
-        for name, path in source["paths"].items()
+        name: {"path": _relative_to_repo(path), "sha256": sha256_file(path)} for name, path in source["paths"].items()
     }
     return splits, {
         "train": {"kind": "local", "files": files, "rule": "train rows not in validation", **rule},

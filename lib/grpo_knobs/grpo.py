@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import torch
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, std_normalize: bool = True,
-                     eps: float = 1e-6) -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor, group_size: int, std_normalize: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
     """Advantages for rewards laid out group-major.
 
     Args:
@@ -26,7 +27,9 @@ def group_advantages(rewards: torch.Tensor, group_size: int, std_normalize: bool
         [N] advantages; a group whose rewards are all equal gets exactly zero.
     """
     if rewards.ndim != 1 or rewards.numel() % group_size:
-        raise ValueError(f"rewards must be 1-D with a multiple of {group_size} entries, got shape {tuple(rewards.shape)}.")
+        raise ValueError(
+            f"rewards must be 1-D with a multiple of {group_size} entries, got shape {tuple(rewards.shape)}."
+        )
     r = rewards.double().view(-1, group_size)  # [groups, G]
     centered = r - r.mean(dim=1, keepdim=True)  # [groups, G]
     if std_normalize:
@@ -52,8 +55,9 @@ class Sequence:
         return len(self.prompt_ids) + len(self.response_ids)
 
 
-def pack_micro_batches(lengths: list[int], micro_batch_size: int | None = None,
-                       max_tokens: int | None = None) -> list[list[int]]:
+def pack_micro_batches(
+    lengths: list[int], micro_batch_size: int | None = None, max_tokens: int | None = None
+) -> list[list[int]]:
     """Split indices into micro-batches, by count or by a padded-token budget.
 
     With a token budget, sequences are sorted by length and packed greedily so that
@@ -121,7 +125,9 @@ def token_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float = 
     logits = model.get_output_embeddings()(torch.gather(hidden, 1, idx)).float()  # [m, R, V]
     if temperature != 1.0:
         logits = logits / temperature
-    logp = torch.gather(logits, 2, mb.response_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # [m, R]
+    logp = torch.gather(logits, 2, mb.response_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(
+        logits, dim=-1
+    )  # [m, R]
     return logp * mb.response_mask
 
 
@@ -137,10 +143,20 @@ class LossTerms:
     kl_penalty_sum: float
 
 
-def clipped_surrogate_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                           mask: torch.Tensor, *, clip_low: float, clip_high: float,
-                           aggregation: str, global_batch_size: int, global_batch_tokens: float,
-                           ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0) -> LossTerms:
+def clipped_surrogate_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    aggregation: str,
+    global_batch_size: int,
+    global_batch_tokens: float,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> LossTerms:
     """PPO clipped surrogate for one micro-batch, scaled as a share of the update loss.
 
     Args:
@@ -179,7 +195,12 @@ def clipped_surrogate_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantage
         lr_ = log_ratio[m]
         approx_kl = (torch.exp(lr_) - 1.0) - lr_
         return LossTerms(
-            loss=loss, tokens=float(m.sum()), clipped_low=float(low.sum()), clipped_high=float(high.sum()),
-            ratio_sum=float(r.sum()), ratio_max=float(r.max()) if r.numel() else 1.0,
-            approx_kl_sum=float(approx_kl.sum()), kl_penalty_sum=float(kl_pen[m].sum()),
+            loss=loss,
+            tokens=float(m.sum()),
+            clipped_low=float(low.sum()),
+            clipped_high=float(high.sum()),
+            ratio_sum=float(r.sum()),
+            ratio_max=float(r.max()) if r.numel() else 1.0,
+            approx_kl_sum=float(approx_kl.sum()),
+            kl_penalty_sum=float(kl_pen[m].sum()),
         )

@@ -83,8 +83,13 @@ class BatchPlan:
         else:
             s = _check_positive_int("num_steps_per_rollout", self.num_steps_per_rollout)
             if b * s != n:
-                hint = f"num_steps_per_rollout={n // b}" if n % b == 0 else (
-                    f"a global_batch_size that divides {n} (nearest: {', '.join(map(str, _nearest(_divisors(n), b)))})"
+                hint = (
+                    f"num_steps_per_rollout={n // b}"
+                    if n % b == 0
+                    else (
+                        f"a global_batch_size that divides {n} "
+                        f"(nearest: {', '.join(map(str, _nearest(_divisors(n), b)))})"
+                    )
                 )
                 raise ValueError(
                     f"Inconsistent batch shape: rollout_batch_size x n_samples_per_prompt = {p} x {g} = {n} "
@@ -179,7 +184,7 @@ def update_slices(plan: BatchPlan, seed: int, collection: int) -> list[np.ndarra
     p, g, b = plan.rollout_batch_size, plan.n_samples_per_prompt, plan.global_batch_size
     order = np.random.default_rng([seed, 11, collection]).permutation(p)  # [P] shuffled groups
     flat = (order[:, None] * g + np.arange(g)).reshape(-1)  # [P*G] members of a group stay together
-    return [flat[k * b:(k + 1) * b] for k in range(plan.num_steps_per_rollout)]
+    return [flat[k * b : (k + 1) * b] for k in range(plan.num_steps_per_rollout)]
 
 
 @dataclass(frozen=True)
@@ -196,25 +201,29 @@ class Arm:
     @cached_property
     def plan(self) -> BatchPlan:
         """Built on first use, so a plan names the run whose arm has a bad shape."""
-        return BatchPlan(self.rollout_batch_size, self.n_samples_per_prompt, self.global_batch_size,
-                         self.num_steps_per_rollout)
+        return BatchPlan(
+            self.rollout_batch_size, self.n_samples_per_prompt, self.global_batch_size, self.num_steps_per_rollout
+        )
 
 
 # The study's screening grid: 11 arms per task. The two "-sqrt" arms carry a scaled
 # learning rate (the study's names; onpolicy-large-sqrt uses 2x, i.e. sqrt of its 4x batch).
-STUDY_ARMS: dict[str, Arm] = {a.name: a for a in (
-    Arm("onpolicy-small", 16, 8, 128, 1),
-    Arm("split-2", 32, 8, 128, 2),
-    Arm("split-4", 64, 8, 128, 4),
-    Arm("split-8", 128, 8, 128, 8),
-    Arm("batch-256", 64, 8, 256, 2),
-    Arm("batch-256-sqrt", 64, 8, 256, 2, math.sqrt(2)),
-    Arm("onpolicy-large", 64, 8, 512, 1),
-    Arm("onpolicy-large-sqrt", 64, 8, 512, 1, 2.0),
-    Arm("group-4", 128, 4, 128, 4),
-    Arm("group-16", 32, 16, 128, 4),
-    Arm("group-32", 16, 32, 128, 4),
-)}
+STUDY_ARMS: dict[str, Arm] = {
+    a.name: a
+    for a in (
+        Arm("onpolicy-small", 16, 8, 128, 1),
+        Arm("split-2", 32, 8, 128, 2),
+        Arm("split-4", 64, 8, 128, 4),
+        Arm("split-8", 128, 8, 128, 8),
+        Arm("batch-256", 64, 8, 256, 2),
+        Arm("batch-256-sqrt", 64, 8, 256, 2, math.sqrt(2)),
+        Arm("onpolicy-large", 64, 8, 512, 1),
+        Arm("onpolicy-large-sqrt", 64, 8, 512, 1, 2.0),
+        Arm("group-4", 128, 4, 128, 4),
+        Arm("group-16", 32, 16, 128, 4),
+        Arm("group-32", 16, 32, 128, 4),
+    )
+}
 
 # The study's one-seed learning-rate follow-up: the small baseline at a third of the base rate.
 LR_FOLLOWUP_ARM = Arm("onpolicy-small-lr1e6", 16, 8, 128, 1, 1.0 / 3.0)

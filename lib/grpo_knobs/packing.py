@@ -60,8 +60,9 @@ def token_budget_micro_batches(lengths: list[int], max_tokens: int) -> list[list
     return batches
 
 
-def memory_token_budget(model: torch.nn.Module, device: torch.device, fraction: float = 0.5,
-                        cap: int = 131_072) -> int:
+def memory_token_budget(
+    model: torch.nn.Module, device: torch.device, fraction: float = 0.5, cap: int = 131_072
+) -> int:
     """Tokens per packed micro-batch that fit in ``fraction`` of the device's free memory.
 
     Counts the bf16 activations the backward pass keeps per token and layer (norms, q/k/v,
@@ -102,7 +103,9 @@ def pack(seqs: list[Sequence], device: torch.device | str = "cpu") -> PackedBatc
     resp = np.array([len(s.response_ids) for s in seqs], dtype=np.int64)  # [m]
     prompt = lengths - resp  # [m]
     starts = np.concatenate([[0], np.cumsum(lengths)])  # [m + 1]
-    ids = np.fromiter((t for s in seqs for t in (*s.prompt_ids, *s.response_ids)), dtype=np.int64, count=int(starts[-1]))
+    ids = np.fromiter(
+        (t for s in seqs for t in (*s.prompt_ids, *s.response_ids)), dtype=np.int64, count=int(starts[-1])
+    )
     pos = np.arange(starts[-1]) - np.repeat(starts[:-1], lengths)  # [N]
     seg = np.repeat(np.arange(len(seqs)), resp)  # [Nr]
     offset_in_resp = np.arange(resp.sum()) - np.repeat(np.concatenate([[0], np.cumsum(resp)[:-1]]), resp)  # [Nr]
@@ -117,10 +120,17 @@ def pack(seqs: list[Sequence], device: torch.device | str = "cpu") -> PackedBatc
         return t.to(device)
 
     return PackedBatch(
-        input_ids=put(ids, torch.long), position_ids=put(pos, torch.long), cu_seqlens=put(starts, torch.int32),
-        max_len=int(lengths.max()), lengths=lengths.tolist(), predict_index=put(predict, torch.long),
-        targets=put(targets, torch.long), segment=put(seg, torch.long), response_lengths=put(resp, torch.float32),
-        response_split=resp.tolist())
+        input_ids=put(ids, torch.long),
+        position_ids=put(pos, torch.long),
+        cu_seqlens=put(starts, torch.int32),
+        max_len=int(lengths.max()),
+        lengths=lengths.tolist(),
+        predict_index=put(predict, torch.long),
+        targets=put(targets, torch.long),
+        segment=put(seg, torch.long),
+        response_lengths=put(resp, torch.float32),
+        response_split=resp.tolist(),
+    )
 
 
 # ----------------------------------------------------------------------------- attention
@@ -145,20 +155,25 @@ def _varlen_cuda_fn():
         def fn(q, k, v, cu, max_len, scale):
             return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, **causal)
     else:
+
         def fn(q, k, v, cu, max_len, scale):
-            return torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, max_len, max_len, 0.0, True, False,
-                                                           scale=scale)[0]
+            return torch.ops.aten._flash_attention_forward(
+                q, k, v, cu, cu, max_len, max_len, 0.0, True, False, scale=scale
+            )[0]
+
     _COMPILED["varlen"] = fn
     return fn
 
 
-def _per_sequence_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int],
-                       scale: float) -> torch.Tensor:
+def _per_sequence_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int], scale: float
+) -> torch.Tensor:
     """Reference and CPU path: one causal SDPA call per sequence. q/k/v [N, H, D] -> [N, H, D]."""
     outs = []
     for qs, ks, vs in zip(q.split(lengths), k.split(lengths), v.split(lengths)):
-        o = F.scaled_dot_product_attention(qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1),
-                                           is_causal=True, scale=scale)  # [H, L, D]
+        o = F.scaled_dot_product_attention(
+            qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1), is_causal=True, scale=scale
+        )  # [H, L, D]
         outs.append(o.transpose(0, 1))
     return torch.cat(outs)
 
@@ -174,8 +189,19 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     return F.linear(x, weight, bias)
 
 
-def _decoder_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor, max_len: int,
-                   w: tuple, eps: float, n_heads: int, n_kv: int, head_dim: int, attend) -> torch.Tensor:
+def _decoder_layer(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_len: int,
+    w: tuple,
+    eps: float,
+    n_heads: int,
+    n_kv: int,
+    head_dim: int,
+    attend,
+) -> torch.Tensor:
     """One llama decoder layer over a packed row: x [N, H_model] -> [N, H_model].
 
     ``w`` holds the layer's tensors (input norm, q/k/v/o weights and biases, post norm,
@@ -195,7 +221,7 @@ def _decoder_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seq
     if torch.is_autocast_enabled(q.device.type):  # SDPA under autocast runs in the low-precision dtype too
         low = torch.get_autocast_dtype(q.device.type)
         q, k, v = q.to(low), k.to(low), v.to(low)
-    o = attend(q, k, v, cu_seqlens, max_len, head_dim ** -0.5).reshape(n, n_heads * head_dim)  # [N, Hq*D]
+    o = attend(q, k, v, cu_seqlens, max_len, head_dim**-0.5).reshape(n, n_heads * head_dim)  # [N, Hq*D]
     x = x + _linear(o, wo, bo)
     h = _rms_norm(x, ln2, eps)
     return x + _linear(F.silu(_linear(h, wg, None)) * _linear(h, wu, None), wd, None)
@@ -212,9 +238,21 @@ def _compiled_layer():
 
 def _layer_tensors(layer: torch.nn.Module) -> tuple:
     a, m = layer.self_attn, layer.mlp
-    return (layer.input_layernorm.weight, a.q_proj.weight, a.q_proj.bias, a.k_proj.weight, a.k_proj.bias,
-            a.v_proj.weight, a.v_proj.bias, a.o_proj.weight, a.o_proj.bias, layer.post_attention_layernorm.weight,
-            m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight)
+    return (
+        layer.input_layernorm.weight,
+        a.q_proj.weight,
+        a.q_proj.bias,
+        a.k_proj.weight,
+        a.k_proj.bias,
+        a.v_proj.weight,
+        a.v_proj.bias,
+        a.o_proj.weight,
+        a.o_proj.bias,
+        layer.post_attention_layernorm.weight,
+        m.gate_proj.weight,
+        m.up_proj.weight,
+        m.down_proj.weight,
+    )
 
 
 def packed_hidden_states(model: torch.nn.Module, pb: PackedBatch, compile: bool = False) -> torch.Tensor:
@@ -235,13 +273,16 @@ def packed_hidden_states(model: torch.nn.Module, pb: PackedBatch, compile: bool 
 
         def attend(q, k, v, cu, max_len, scale):
             return _per_sequence_sdpa(q, k, v, lengths, scale)
+
     layer_fn = _compiled_layer() if compile and pb.input_ids.is_cuda else _decoder_layer
     x = base.embed_tokens(pb.input_ids)  # [N, H_model]
     cos, sin = base.rotary_emb(x[None], pb.position_ids[None])  # [1, N, D] each
     cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [N, 1, D]
     eps = base.layers[0].input_layernorm.variance_epsilon
     for layer in base.layers:
-        x = layer_fn(x, cos, sin, pb.cu_seqlens, pb.max_len, _layer_tensors(layer), eps, n_heads, n_kv, head_dim, attend)
+        x = layer_fn(
+            x, cos, sin, pb.cu_seqlens, pb.max_len, _layer_tensors(layer), eps, n_heads, n_kv, head_dim, attend
+        )
     return _rms_norm(x, base.norm.weight, base.norm.variance_epsilon)  # [N, H_model]
 
 
@@ -253,8 +294,9 @@ def _head_forward(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, tempe
     return z.gather(1, targets[:, None])[:, 0] - lse, lse
 
 
-def _head_backward(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
-                   temperature: float) -> torch.Tensor:
+def _head_backward(
+    h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, g: torch.Tensor, temperature: float
+) -> torch.Tensor:
     """Gradient of sum(g * logp) w.r.t. one chunk's raw logits: [c, V] in the compute dtype.
 
     d logp / d z = onehot(target) - softmax(z), times 1/T for the raw logits."""
@@ -286,7 +328,7 @@ class _ChunkedTargetLogprob(torch.autograd.Function):
         w = weight.to(dtype)
         outs, lses = [], []
         for s in range(0, hidden.size(0), chunk):
-            o, lse = fwd(hidden[s:s + chunk].to(dtype), w, targets[s:s + chunk], temperature)
+            o, lse = fwd(hidden[s : s + chunk].to(dtype), w, targets[s : s + chunk], temperature)
             outs.append(o)
             lses.append(lse)
         out = torch.cat(outs) if outs else hidden.new_zeros(0, dtype=torch.float32)  # [n]
@@ -302,32 +344,46 @@ class _ChunkedTargetLogprob(torch.autograd.Function):
         chunk, dtype = ctx.chunk, ctx.dtype
         w = weight.to(dtype)
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        grad_w = (
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        )
         grad_out = grad_out.float()
         for s in range(0, hidden.size(0), chunk):
-            h = hidden[s:s + chunk].to(dtype)  # [c, H]
-            dz = bwd(h, w, targets[s:s + chunk], lse[s:s + chunk], grad_out[s:s + chunk], ctx.temperature)  # [c, V]
+            h = hidden[s : s + chunk].to(dtype)  # [c, H]
+            dz = bwd(
+                h, w, targets[s : s + chunk], lse[s : s + chunk], grad_out[s : s + chunk], ctx.temperature
+            )  # [c, V]
             if grad_h is not None:
-                grad_h[s:s + chunk] = (dz @ w).to(hidden.dtype)
+                grad_h[s : s + chunk] = (dz @ w).to(hidden.dtype)
             if grad_w is not None:
                 grad_w += (dz.t() @ h).float()  # [V, H]
         return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None, None, None
 
 
-def chunked_target_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                            temperature: float = 1.0, chunk: int = 8192, compile: bool = False) -> torch.Tensor:
+def chunked_target_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    chunk: int = 8192,
+    compile: bool = False,
+) -> torch.Tensor:
     """Log-probs of ``targets`` [n] under logits ``hidden [n, H] @ weight [V, H]^T / temperature``: [n] float32.
 
     Peak extra memory is one [chunk, V] float32 block instead of [n, V].
     """
-    dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) else hidden.dtype
+    dtype = (
+        torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) else hidden.dtype
+    )
     with torch.autocast(hidden.device.type, enabled=False):
-        return _ChunkedTargetLogprob.apply(hidden, weight, targets, float(temperature), int(chunk), dtype,
-                                           compile and hidden.is_cuda)
+        return _ChunkedTargetLogprob.apply(
+            hidden, weight, targets, float(temperature), int(chunk), dtype, compile and hidden.is_cuda
+        )
 
 
-def packed_token_logprobs(model: torch.nn.Module, pb: PackedBatch, temperature: float = 1.0,
-                          chunk: int = 8192, compile: bool = False) -> torch.Tensor:
+def packed_token_logprobs(
+    model: torch.nn.Module, pb: PackedBatch, temperature: float = 1.0, chunk: int = 8192, compile: bool = False
+) -> torch.Tensor:
     """Log-probs of every response token of a packed batch: [Nr] float32, sequence after sequence."""
     hidden = packed_hidden_states(model, pb, compile)  # [N, H_model]
     h = hidden.index_select(0, pb.predict_index)  # [Nr, H_model]
@@ -338,10 +394,20 @@ def packed_token_logprobs(model: torch.nn.Module, pb: PackedBatch, temperature: 
 
 
 # ----------------------------------------------------------------------------- loss
-def packed_surrogate_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, pb: PackedBatch, *,
-                          clip_low: float, clip_high: float, aggregation: str, global_batch_size: int,
-                          global_batch_tokens: float, ref_logp: torch.Tensor | None = None,
-                          kl_coef: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def packed_surrogate_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    pb: PackedBatch,
+    *,
+    clip_low: float,
+    clip_high: float,
+    aggregation: str,
+    global_batch_size: int,
+    global_batch_tokens: float,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``grpo.clipped_surrogate_loss`` over flat response tokens.
 
     Args:
@@ -375,9 +441,17 @@ def packed_surrogate_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages
         high = active & (ratio > 1.0 + clip_high)
         approx_kl = (ratio - 1.0) - log_ratio
         n = torch.tensor(float(logp.numel()), device=logp.device)
-        stats = torch.stack([n, low.sum().float(), high.sum().float(), ratio.sum(),
-                             ratio.max() if ratio.numel() else torch.ones((), device=logp.device),
-                             approx_kl.sum(), kl_pen.sum()]).float()  # [7]
+        stats = torch.stack(
+            [
+                n,
+                low.sum().float(),
+                high.sum().float(),
+                ratio.sum(),
+                ratio.max() if ratio.numel() else torch.ones((), device=logp.device),
+                approx_kl.sum(),
+                kl_pen.sum(),
+            ]
+        ).float()  # [7]
     return loss, stats
 
 
@@ -391,8 +465,15 @@ def merge_stats(total: torch.Tensor | None, stats: torch.Tensor) -> torch.Tensor
 
 
 # ----------------------------------------------------------------------------- trainer steps
-def score_packed(model: torch.nn.Module, seqs: list[Sequence], micro: list[list[int]], device: torch.device,
-                 temperature: float, autocast, compile: bool = False) -> list[torch.Tensor]:
+def score_packed(
+    model: torch.nn.Module,
+    seqs: list[Sequence],
+    micro: list[list[int]],
+    device: torch.device,
+    temperature: float,
+    autocast,
+    compile: bool = False,
+) -> list[torch.Tensor]:
     """Per-response token log-probs ([len_i] float32 on the host, as ``Trainer._score``), one
     device-to-host copy for the whole pass."""
     outs = []
@@ -409,9 +490,19 @@ def score_packed(model: torch.nn.Module, seqs: list[Sequence], micro: list[list[
     return out  # type: ignore[return-value]
 
 
-def update_packed(model: torch.nn.Module, seqs: list[Sequence], idx: list[int], micro: list[list[int]],
-                  adv: torch.Tensor, old_logp: list, ref_logp: list | None, cfg, device: torch.device,
-                  autocast, compile: bool = False) -> dict:
+def update_packed(
+    model: torch.nn.Module,
+    seqs: list[Sequence],
+    idx: list[int],
+    micro: list[list[int]],
+    adv: torch.Tensor,
+    old_logp: list,
+    ref_logp: list | None,
+    cfg,
+    device: torch.device,
+    autocast,
+    compile: bool = False,
+) -> dict:
     """Forward, loss and backward of one update's responses ``idx`` over packed micro-batches
     (gradients accumulate; the caller clips and steps). ``cfg`` supplies clip_low, clip_high,
     loss_aggregation, kl_coef and temperature. Entries of ``old_logp`` that are None are taken
@@ -429,17 +520,31 @@ def update_packed(model: torch.nn.Module, seqs: list[Sequence], idx: list[int], 
         old = torch.cat([old_logp[i] for i in mb_idx]).to(device, non_blocking=True)  # [Nr]
         ref = torch.cat([ref_logp[i] for i in mb_idx]).to(device, non_blocking=True) if ref_logp is not None else None
         loss, st = packed_surrogate_loss(
-            logp, old, adv[mb_idx].to(device, non_blocking=True), pb, clip_low=cfg.clip_low,
-            clip_high=cfg.clip_high, aggregation=cfg.loss_aggregation, global_batch_size=len(idx),
-            global_batch_tokens=update_tokens, ref_logp=ref, kl_coef=cfg.kl_coef)
+            logp,
+            old,
+            adv[mb_idx].to(device, non_blocking=True),
+            pb,
+            clip_low=cfg.clip_low,
+            clip_high=cfg.clip_high,
+            aggregation=cfg.loss_aggregation,
+            global_batch_size=len(idx),
+            global_batch_tokens=update_tokens,
+            ref_logp=ref,
+            kl_coef=cfg.kl_coef,
+        )
         loss.backward()
         loss_total += loss.detach()
         stats = merge_stats(stats, st)
     s = dict(zip(STAT_NAMES, stats.tolist())) if stats is not None else dict.fromkeys(STAT_NAMES, 0.0)
     n = max(s["tokens"], 1.0)
     return {
-        "loss": float(loss_total), "clip_fraction": (s["clipped_low"] + s["clipped_high"]) / n,
-        "clip_low_fraction": s["clipped_low"] / n, "clip_high_fraction": s["clipped_high"] / n,
-        "approx_kl": s["approx_kl_sum"] / n, "ratio_mean": s["ratio_sum"] / n, "ratio_max": s["ratio_max"],
-        "tokens": int(s["tokens"]), "micro_batches": len(micro),
+        "loss": float(loss_total),
+        "clip_fraction": (s["clipped_low"] + s["clipped_high"]) / n,
+        "clip_low_fraction": s["clipped_low"] / n,
+        "clip_high_fraction": s["clipped_high"] / n,
+        "approx_kl": s["approx_kl_sum"] / n,
+        "ratio_mean": s["ratio_sum"] / n,
+        "ratio_max": s["ratio_max"],
+        "tokens": int(s["tokens"]),
+        "micro_batches": len(micro),
     }

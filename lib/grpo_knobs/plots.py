@@ -48,16 +48,18 @@ def axis_units(axis: str, values: np.ndarray | pd.Series) -> tuple[str, float]:
 
 def configure() -> None:
     """Style and determinism settings (fixed SVG ids) shared by every figure."""
-    mpl.rcParams.update({
-        "svg.hashsalt": "grpo-knobs",
-        "figure.dpi": 100,
-        "savefig.dpi": 100,
-        "font.size": 9,
-        "axes.titlesize": 10,
-        "axes.grid": True,
-        "grid.alpha": 0.3,
-        "legend.fontsize": 8,
-    })
+    mpl.rcParams.update(
+        {
+            "svg.hashsalt": "grpo-knobs",
+            "figure.dpi": 100,
+            "savefig.dpi": 100,
+            "font.size": 9,
+            "axes.titlesize": 10,
+            "axes.grid": True,
+            "grid.alpha": 0.3,
+            "legend.fontsize": 8,
+        }
+    )
 
 
 def title_for(text: str, synthetic: bool) -> str:
@@ -99,8 +101,9 @@ def label_colors(labels: Sequence[str]) -> dict[str, tuple]:
     return {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
 
 
-def plot_seed_curve(ax: plt.Axes, x: np.ndarray, mean: np.ndarray, low: np.ndarray, high: np.ndarray,
-                    color: tuple, label: str) -> None:
+def plot_seed_curve(
+    ax: plt.Axes, x: np.ndarray, mean: np.ndarray, low: np.ndarray, high: np.ndarray, color: tuple, label: str
+) -> None:
     """Dots at the seed mean joined by a thin line; vertical lines over the observed seed range."""
     ax.plot(x, mean, "-", color=color, lw=0.8, alpha=0.6)
     ax.plot(x, mean, "o", color=color, ms=4, label=label)
@@ -113,13 +116,15 @@ def _title_and_legend_below(fig: Figure, ax: plt.Axes, title: str) -> Figure:
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     if handles:
-        fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(names), 4),
-                   frameon=False)
+        fig.legend(
+            handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(names), 4), frameon=False
+        )
     return fig
 
 
-def learning_curves_figure(summaries: Mapping[str, pd.DataFrame], labels: Sequence[str],
-                           targets: Sequence[float], title: str) -> Figure:
+def learning_curves_figure(
+    summaries: Mapping[str, pd.DataFrame], labels: Sequence[str], targets: Sequence[float], title: str
+) -> Figure:
     """Validation accuracy against each x-axis of ``summaries`` (one panel each) for one task.
 
     ``summaries`` maps a :data:`CURVE_AXES` key to the output of
@@ -133,17 +138,30 @@ def learning_curves_figure(summaries: Mapping[str, pd.DataFrame], labels: Sequen
         for label in labels:
             s = summary[summary["label"] == label].sort_values("responses")
             if not s.empty:
-                plot_seed_curve(ax, scale * s["x"].to_numpy(), s["accuracy_mean_pct"].to_numpy(),
-                                s["accuracy_min_pct"].to_numpy(), s["accuracy_max_pct"].to_numpy(),
-                                colors[label], label)
+                plot_seed_curve(
+                    ax,
+                    scale * s["x"].to_numpy(),
+                    s["accuracy_mean_pct"].to_numpy(),
+                    s["accuracy_min_pct"].to_numpy(),
+                    s["accuracy_max_pct"].to_numpy(),
+                    colors[label],
+                    label,
+                )
         for target in targets:
             ax.axhline(target, color="0.4", ls="--", lw=0.8)
         ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))  # ticks stay apart
         ax.set_xlabel(name)
     # Target labels beside the last panel, so they hide no curve.
     for target in targets:
-        axes[0, -1].annotate(f"target {format_pct(target)}%", (1.02, target), xycoords=("axes fraction", "data"),
-                             fontsize=7, color="0.3", va="center", annotation_clip=False)
+        axes[0, -1].annotate(
+            f"target {format_pct(target)}%",
+            (1.02, target),
+            xycoords=("axes fraction", "data"),
+            fontsize=7,
+            color="0.3",
+            va="center",
+            annotation_clip=False,
+        )
     axes[0, 0].set_ylabel("Validation accuracy (%)")
     return _title_and_legend_below(fig, axes[0, 0], title)
 
@@ -180,21 +198,37 @@ def time_to_target_figure(table: pd.DataFrame, labels: Sequence[str], title: str
     """
     targets = sorted(table["target_pct"].unique())
     colors = label_colors(labels)
-    fig, axes = plt.subplots(1, len(targets), figsize=(5.0 * len(targets), 0.35 * len(table) / max(len(targets), 1) + 1.8),
-                             squeeze=False, sharex=True)
+    fig, axes = plt.subplots(
+        1,
+        len(targets),
+        figsize=(5.0 * len(targets), 0.35 * len(table) / max(len(targets), 1) + 1.8),
+        squeeze=False,
+        sharex=True,
+    )
     for ax, target in zip(axes[0], targets):
         rows = table[table["target_pct"] == target]
         rows = rows.assign(_rank=rows["recipe"].map({lab: i for i, lab in enumerate(labels)})).sort_values(
-            ["_rank", "seed"], ascending=[False, False])
+            ["_rank", "seed"], ascending=[False, False]
+        )
         for y, row in enumerate(rows.itertuples()):
             color = colors.get(row.recipe, "0.5")
             if row.reached:
                 ax.plot([row.responses_low, row.responses_high], [y, y], color=color, lw=5, solid_capstyle="butt")
             else:
-                ax.annotate("", xy=(row.censored_at * 1.06, y), xytext=(row.censored_at, y),
-                            arrowprops={"arrowstyle": "->", "color": color})
-                ax.text(row.censored_at * 1.07, y, f"not reached by {row.censored_at:,.0f}", va="center",
-                        fontsize=7, color=color)
+                ax.annotate(
+                    "",
+                    xy=(row.censored_at * 1.06, y),
+                    xytext=(row.censored_at, y),
+                    arrowprops={"arrowstyle": "->", "color": color},
+                )
+                ax.text(
+                    row.censored_at * 1.07,
+                    y,
+                    f"not reached by {row.censored_at:,.0f}",
+                    va="center",
+                    fontsize=7,
+                    color=color,
+                )
         ax.set_yticks(range(len(rows)), [f"{r.recipe} s{r.seed}" for r in rows.itertuples()], fontsize=7)
         ax.set_ylim(-0.6, len(rows) - 0.4)
         ax.set_title(f"target {format_pct(target)}%")
@@ -203,14 +237,18 @@ def time_to_target_figure(table: pd.DataFrame, labels: Sequence[str], title: str
     x_max = np.nanmax([table["responses_high"].max(), 1.6 * table["censored_at"].max(), 1.0])
     axes[0, 0].set_xlim(0, 1.05 * x_max)
     fig.suptitle(title, fontsize=10)
-    fig.supxlabel("bar: (previous evaluation, first evaluation at or above the target];  "
-                  "arrow: not reached by the last evaluation", fontsize=8)
+    fig.supxlabel(
+        "bar: (previous evaluation, first evaluation at or above the target];  "
+        "arrow: not reached by the last evaluation",
+        fontsize=8,
+    )
     fig.tight_layout()
     return fig
 
 
-def group_size_figure(points: pd.DataFrame, sizes: pd.DataFrame, title: str,
-                      group_sizes: Sequence[int] | None = None) -> Figure:
+def group_size_figure(
+    points: pd.DataFrame, sizes: pd.DataFrame, title: str, group_sizes: Sequence[int] | None = None
+) -> Figure:
     """Mixed-group formula over p per G with measured collections overlaid, and prompts exposed.
 
     ``points``: :func:`analysis.mixed_group_points` for one task;
@@ -229,20 +267,37 @@ def group_size_figure(points: pd.DataFrame, sizes: pd.DataFrame, title: str,
     for g in group_sizes:
         ax.plot(p, stats.mixed_group_probability(p, g), color=color[g], lw=1.5, label=f"formula G={g}")
     for g, pts in points.groupby("n_samples_per_prompt"):
-        ax.scatter(pts["reward_mean"], pts["mixed_group_fraction"], s=12, color=color.get(g, "0.3"),
-                   edgecolor="k", linewidth=0.3, label=f"measured G={g}", zorder=3)
+        ax.scatter(
+            pts["reward_mean"],
+            pts["mixed_group_fraction"],
+            s=12,
+            color=color.get(g, "0.3"),
+            edgecolor="k",
+            linewidth=0.3,
+            label=f"measured G={g}",
+            zorder=3,
+        )
         predicted = pts.dropna(subset=["predicted_per_group"]) if "predicted_per_group" in pts else pts.iloc[:0]
         if len(predicted):  # the formula averaged over each group's own success rate
-            ax.scatter(predicted["reward_mean"], predicted["predicted_per_group"], s=14, facecolor="none",
-                       edgecolor=color.get(g, "0.3"), marker="D", linewidth=0.7, zorder=3,
-                       label=f"per-group prediction G={g}")
+            ax.scatter(
+                predicted["reward_mean"],
+                predicted["predicted_per_group"],
+                s=14,
+                facecolor="none",
+                edgecolor=color.get(g, "0.3"),
+                marker="D",
+                linewidth=0.7,
+                zorder=3,
+                label=f"per-group prediction G={g}",
+            )
     ax.set_xlabel("p: success probability (measured: collection mean training reward)")
     ax.set_ylabel("Mixed-group probability / fraction")
     ax.legend(ncol=2, fontsize=7)
     ax.set_ylim(0, 1.02)
     ordered = sizes.sort_values("G")
-    bars = bx.bar([str(g) for g in ordered["G"]], ordered["prompts_exposed"],
-                  color=[color.get(g, "0.5") for g in ordered["G"]])
+    bars = bx.bar(
+        [str(g) for g in ordered["G"]], ordered["prompts_exposed"], color=[color.get(g, "0.5") for g in ordered["G"]]
+    )
     bx.bar_label(bars, labels=[f"{v:,}" for v in ordered["prompts_exposed"]], fontsize=7)
     bx.set_xlabel("Group size G")
     bx.set_ylabel(f"Prompts exposed in {int(ordered['responses'].max()):,} responses")
@@ -289,10 +344,14 @@ def screening_figure(tables: Mapping[str, pd.DataFrame], title: str) -> Figure:
         row[1].bar(x, t["job_min"] / t["job_min"].iloc[0], color="tab:orange", label="ours")
         if has_study:
             row[0].plot(x, t["study_val_pct"], "o", mfc="none", mec="k", label="study (published)")
-            row[1].plot(x, t["study_job_min"] / t["study_job_min"].iloc[0], "o", mfc="none", mec="k",
-                        label="study (published)")
-        ticks = [f"{r.arm}\n{r.P}/{r.G}/{r.B}/{r.S}" for r in t.itertuples()] if {"P", "G", "B", "S"} <= set(t) \
+            row[1].plot(
+                x, t["study_job_min"] / t["study_job_min"].iloc[0], "o", mfc="none", mec="k", label="study (published)"
+            )
+        ticks = (
+            [f"{r.arm}\n{r.P}/{r.G}/{r.B}/{r.S}" for r in t.itertuples()]
+            if {"P", "G", "B", "S"} <= set(t)
             else t["arm"]
+        )
         for ax in row:
             ax.set_xticks(x, ticks, fontsize=7)
         top = np.nanmax([t["val_pct"].max(), t["study_val_pct"].max() if has_study else 0.0])
@@ -302,8 +361,15 @@ def screening_figure(tables: Mapping[str, pd.DataFrame], title: str) -> Figure:
         # so a 0% bar still reads as a measured zero rather than missing data.
         for xi, value in zip(x, t["val_pct"]):
             inside = value >= 0.3 * top
-            row[0].text(xi, value / 2 if inside else value + 0.02 * top, f"{value:.1f}", ha="center",
-                        va="center" if inside else "bottom", fontsize=7, color="white" if inside else "black")
+            row[0].text(
+                xi,
+                value / 2 if inside else value + 0.02 * top,
+                f"{value:.1f}",
+                ha="center",
+                va="center" if inside else "bottom",
+                fontsize=7,
+                color="white" if inside else "black",
+            )
         row[0].set_ylabel("Final val. accuracy (%)")
         row[1].set_ylabel(f"Job time / {t['arm'].iloc[0]}")
         row[0].set_title(question, loc="left", fontsize=9)
@@ -314,10 +380,17 @@ def screening_figure(tables: Mapping[str, pd.DataFrame], title: str) -> Figure:
     return fig
 
 
-def critical_batch_figure(bench: pd.DataFrame | None, measured: pd.DataFrame, critical_gen: float | None,
-                          rt: pd.DataFrame | None, critical_train: float | None, tolerance: float,
-                          prediction: pd.DataFrame | None, title: str,
-                          throughput_column: str | None = None) -> Figure:
+def critical_batch_figure(
+    bench: pd.DataFrame | None,
+    measured: pd.DataFrame,
+    critical_gen: float | None,
+    rt: pd.DataFrame | None,
+    critical_train: float | None,
+    tolerance: float,
+    prediction: pd.DataFrame | None,
+    title: str,
+    throughput_column: str | None = None,
+) -> Figure:
     """Throughput over batch, responses-to-target over B, predicted vs measured time-to-target.
 
     Each panel is drawn only when it has data: the throughput panel needs the
@@ -336,8 +409,12 @@ def critical_batch_figure(bench: pd.DataFrame | None, measured: pd.DataFrame, cr
     axes = list(axes[0])
     if bench is not None:
         ax = axes.pop(0)
-        for col, style in (("eager_tokens_per_s", "s--"), ("fast_tokens_per_s", "o-"), ("fused_tokens_per_s", "^-"),
-                           ("bandwidth_bound_tokens_per_s", ":")):
+        for col, style in (
+            ("eager_tokens_per_s", "s--"),
+            ("fast_tokens_per_s", "o-"),
+            ("fused_tokens_per_s", "^-"),
+            ("bandwidth_bound_tokens_per_s", ":"),
+        ):
             if col not in bench or bench[col].isna().all():  # fused: benchmarks from before the fused path
                 continue
             ax.plot(bench["batch"], bench[col], style, ms=3, label=f"benchmark {col.removesuffix('_tokens_per_s')}")
@@ -345,8 +422,13 @@ def critical_batch_figure(bench: pd.DataFrame | None, measured: pd.DataFrame, cr
             ax.plot(measured["generation_batch"], measured["tokens_per_s"], "kx", label="runs: measured generation")
         if critical_gen is not None:
             which = f" ({throughput_column.removesuffix('_tokens_per_s')})" if throughput_column else ""
-            ax.axvline(critical_gen, color="tab:red", ls="--", lw=1,
-                       label=f"critical generation batch {critical_gen:g}{which}")
+            ax.axvline(
+                critical_gen,
+                color="tab:red",
+                ls="--",
+                lw=1,
+                label=f"critical generation batch {critical_gen:g}{which}",
+            )
         # Log axes: eager, fast and bandwidth-bound throughput differ by orders of magnitude.
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(mpl.ticker.ScalarFormatter())
@@ -359,8 +441,12 @@ def critical_batch_figure(bench: pd.DataFrame | None, measured: pd.DataFrame, cr
     if has_prediction:
         ax = axes.pop(0)
         steps = "predicted_steps_active_s" in prediction
-        hi = 1.1 * max(prediction["measured_active_s"].max(), prediction["predicted_active_s"].max(),
-                       prediction["predicted_steps_active_s"].max() if steps else 0.0, 1.0)
+        hi = 1.1 * max(
+            prediction["measured_active_s"].max(),
+            prediction["predicted_active_s"].max(),
+            prediction["predicted_steps_active_s"].max() if steps else 0.0,
+            1.0,
+        )
         ax.plot([0, hi], [0, hi], color="0.5", lw=0.8, ls="--", label="predicted = measured")
         # One color and marker per arm with a legend: arms often land close together, where text labels collide.
         # Filled: decode-steps model (longest response per chunk); hollow: mean-length throughput model.
@@ -369,12 +455,23 @@ def critical_batch_figure(bench: pd.DataFrame | None, measured: pd.DataFrame, cr
             marker, color = markers[(i // 10) % len(markers)], cmap(i % 10)
             predicted = row.predicted_steps_active_s if steps else row.predicted_active_s
             if steps:
-                ax.plot(row.measured_active_s, row.predicted_active_s, marker, mfc="none", color=color, ms=5, alpha=0.85)
-                ax.plot([row.measured_active_s] * 2, [row.predicted_active_s, predicted], color=color, lw=0.6, alpha=0.6)
+                ax.plot(
+                    row.measured_active_s, row.predicted_active_s, marker, mfc="none", color=color, ms=5, alpha=0.85
+                )
+                ax.plot(
+                    [row.measured_active_s] * 2, [row.predicted_active_s, predicted], color=color, lw=0.6, alpha=0.6
+                )
             ax.plot(row.measured_active_s, predicted, marker, color=color, ms=5, alpha=0.85, label=row.arm)
         if steps:
-            ax.text(0.98, 0.02, "hollow: N x mean length / throughput\nfilled: decode steps to the longest response",
-                    transform=ax.transAxes, ha="right", va="bottom", fontsize=6)
+            ax.text(
+                0.98,
+                0.02,
+                "hollow: N x mean length / throughput\nfilled: decode steps to the longest response",
+                transform=ax.transAxes,
+                ha="right",
+                va="bottom",
+                fontsize=6,
+            )
         ax.set_xlim(0, hi)
         ax.set_ylim(0, hi)
         ax.set_xlabel("Measured active seconds to target")
@@ -385,21 +482,35 @@ def critical_batch_figure(bench: pd.DataFrame | None, measured: pd.DataFrame, cr
     return fig
 
 
-def _responses_to_target_panel(ax: plt.Axes, rt: pd.DataFrame, critical_train: float | None,
-                               tolerance: float) -> None:
+def _responses_to_target_panel(ax: plt.Axes, rt: pd.DataFrame, critical_train: float | None, tolerance: float) -> None:
     """Responses to target over the optimizer batch B; censored arms as "not reached by N"."""
     reached = rt[rt["reached"]]
     ax.plot(reached["global_batch_size"], reached["responses_needed"], "o", color="tab:blue", label="reached")
     for row in reached.itertuples():
-        ax.annotate(row.arm, (row.global_batch_size, row.responses_needed), fontsize=7,
-                    textcoords="offset points", xytext=(4, -10))
+        ax.annotate(
+            row.arm,
+            (row.global_batch_size, row.responses_needed),
+            fontsize=7,
+            textcoords="offset points",
+            xytext=(4, -10),
+        )
     for row in rt[~rt["reached"]].itertuples():
         ax.plot(row.global_batch_size, row.censored_at, "^", color="tab:gray")
-        ax.annotate(f"not reached by {row.censored_at:,.0f}", (row.global_batch_size, row.censored_at),
-                    fontsize=7, textcoords="offset points", xytext=(4, 4))
+        ax.annotate(
+            f"not reached by {row.censored_at:,.0f}",
+            (row.global_batch_size, row.censored_at),
+            fontsize=7,
+            textcoords="offset points",
+            xytext=(4, 4),
+        )
     if not reached.empty:
-        ax.axhspan(reached["responses_needed"].min(), tolerance * reached["responses_needed"].min(),
-                   color="tab:green", alpha=0.15, label=f"within {tolerance:g}x of the fewest")
+        ax.axhspan(
+            reached["responses_needed"].min(),
+            tolerance * reached["responses_needed"].min(),
+            color="tab:green",
+            alpha=0.15,
+            label=f"within {tolerance:g}x of the fewest",
+        )
     if critical_train is not None:
         ax.axvline(critical_train, color="tab:red", ls="--", lw=1, label=f"critical training batch {critical_train:g}")
     ax.set_xscale("log", base=2)
@@ -411,8 +522,9 @@ def _responses_to_target_panel(ax: plt.Axes, rt: pd.DataFrame, critical_train: f
     ax.legend(fontsize=7)
 
 
-def collapse_figure(series: pd.DataFrame, points: pd.DataFrame, labels: Sequence[str], threshold: float,
-                    title: str) -> Figure:
+def collapse_figure(
+    series: pd.DataFrame, points: pd.DataFrame, labels: Sequence[str], threshold: float, title: str
+) -> Figure:
     """Zero-advantage share per collection of every run (one thin line each, colored by recipe), the
     collapse threshold dashed and each collapse marked with an x; beside it the mean token entropy
     where recorded.
@@ -423,16 +535,24 @@ def collapse_figure(series: pd.DataFrame, points: pd.DataFrame, labels: Sequence
     colors = label_colors(labels)
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.4))
     for (label, _), run in series.groupby(["label", "run_id"], sort=False):
-        ax.plot(run["responses"], 100 * run["zero_advantage_fraction"], "-", lw=0.9, alpha=0.75,
-                color=colors.get(label, "0.5"))
+        ax.plot(
+            run["responses"],
+            100 * run["zero_advantage_fraction"],
+            "-",
+            lw=0.9,
+            alpha=0.75,
+            color=colors.get(label, "0.5"),
+        )
         if run["entropy_mean"].notna().any():
             bx.plot(run["responses"], run["entropy_mean"], "-", lw=0.9, alpha=0.75, color=colors.get(label, "0.5"))
     for label in labels:  # one legend entry per recipe
         ax.plot([], [], "-", color=colors[label], label=label)
-    hit = points[points["collapsed"]].merge(series, left_on=["run_id", "collapse_collection"],
-                                             right_on=["run_id", "collection"], suffixes=("", "_s"))
-    ax.scatter(hit["responses"], 100 * hit["zero_advantage_fraction"], marker="x", s=40, color="k", zorder=4,
-               label="collapse")
+    hit = points[points["collapsed"]].merge(
+        series, left_on=["run_id", "collapse_collection"], right_on=["run_id", "collection"], suffixes=("", "_s")
+    )
+    ax.scatter(
+        hit["responses"], 100 * hit["zero_advantage_fraction"], marker="x", s=40, color="k", zorder=4, label="collapse"
+    )
     ax.axhline(100 * threshold, color="0.4", ls="--", lw=0.8)
     sources = sorted(series["source"].unique())
     ax.set_ylabel("Groups with all-zero advantage (%)")
@@ -448,8 +568,9 @@ def collapse_figure(series: pd.DataFrame, points: pd.DataFrame, labels: Sequence
     return _title_and_legend_below(fig, ax, title)
 
 
-def category_curves_figure(table: pd.DataFrame, labels: Sequence[str], categories: Sequence[str],
-                           title: str) -> Figure:
+def category_curves_figure(
+    table: pd.DataFrame, labels: Sequence[str], categories: Sequence[str], title: str
+) -> Figure:
     """Validation accuracy per category over training, one panel per category, seed mean and range.
 
     ``table``: :func:`analysis.category_curves` for one task.
@@ -462,8 +583,15 @@ def category_curves_figure(table: pd.DataFrame, labels: Sequence[str], categorie
         for label in labels:
             s = rows[rows["label"] == label].sort_values("responses")
             if not s.empty:
-                plot_seed_curve(ax, s["responses"].to_numpy(), s["accuracy_pct"].to_numpy(), s["min_pct"].to_numpy(),
-                                s["max_pct"].to_numpy(), colors[label], label)
+                plot_seed_curve(
+                    ax,
+                    s["responses"].to_numpy(),
+                    s["accuracy_pct"].to_numpy(),
+                    s["min_pct"].to_numpy(),
+                    s["max_pct"].to_numpy(),
+                    colors[label],
+                    label,
+                )
         size = int(rows["problems"].iloc[0]) if len(rows) else 0
         ax.set_title(f"{cat} ({size} problems)", fontsize=9)
         ax.set_xlabel("Responses")

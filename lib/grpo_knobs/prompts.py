@@ -49,6 +49,4 @@ def build_messages(problem: Problem) -> list[dict]:
 
 def render_prompt(problem: Problem, tokenizer) -> str:
     """The prompt string the model continues: chat template plus generation prompt."""
-    return tokenizer.apply_chat_template(
-        build_messages(problem), tokenize=False, add_generation_prompt=True
-    )
+    return tokenizer.apply_chat_template(build_messages(problem), tokenize=False, add_generation_prompt=True)

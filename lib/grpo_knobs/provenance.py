@@ -8,8 +8,19 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-PACKAGES = ("grpo-knobs", "torch", "transformers", "safetensors", "gguf", "numpy", "pandas", "pyarrow",
-            "scipy", "papermill", "sglang")
+PACKAGES = (
+    "grpo-knobs",
+    "torch",
+    "transformers",
+    "safetensors",
+    "gguf",
+    "numpy",
+    "pandas",
+    "pyarrow",
+    "scipy",
+    "papermill",
+    "sglang",
+)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -26,10 +37,16 @@ def package_versions() -> dict[str, str | None]:
 def git_commit(root: Path = REPO_ROOT) -> str | None:
     """The checkout's commit, with ``+dirty`` when tracked files differ from it."""
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                             timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None

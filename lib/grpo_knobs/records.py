@@ -19,18 +19,55 @@ from typing import Any, Iterable
 import pandas as pd
 
 COLLECTION_FIELDS = (
-    "collection", "responses", "updates", "prompts", "distinct_prompts", "reward_mean",
-    "mixed_group_fraction", "truncation_fraction", "response_length_mean", "response_length_max",
-    "output_tokens", "output_tokens_cum", "logprob_mismatch", "per_update", "seconds",
-    "active_seconds", "job_seconds", "peak_memory_gib",
-    "entropy_mean", "zero_advantage_fraction", "group_reward_means",
+    "collection",
+    "responses",
+    "updates",
+    "prompts",
+    "distinct_prompts",
+    "reward_mean",
+    "mixed_group_fraction",
+    "truncation_fraction",
+    "response_length_mean",
+    "response_length_max",
+    "output_tokens",
+    "output_tokens_cum",
+    "logprob_mismatch",
+    "per_update",
+    "seconds",
+    "active_seconds",
+    "job_seconds",
+    "peak_memory_gib",
+    "entropy_mean",
+    "zero_advantage_fraction",
+    "group_reward_means",
 )
-UPDATE_FIELDS = ("update", "loss", "clip_fraction", "clip_low_fraction", "clip_high_fraction",
-                 "approx_kl", "ratio_mean", "ratio_max", "grad_norm", "tokens", "micro_batches")
+UPDATE_FIELDS = (
+    "update",
+    "loss",
+    "clip_fraction",
+    "clip_low_fraction",
+    "clip_high_fraction",
+    "approx_kl",
+    "ratio_mean",
+    "ratio_max",
+    "grad_norm",
+    "tokens",
+    "micro_batches",
+)
 EVAL_COLUMNS = {
-    "run_id": "string", "split": "string", "collections": "int64", "updates": "int64", "responses": "int64",
-    "output_tokens": "int64", "active_seconds": "float64", "job_seconds": "float64", "problem_id": "string",
-    "correct": "float64", "correct_strict": "float64", "response_length": "int64", "truncated": "bool",
+    "run_id": "string",
+    "split": "string",
+    "collections": "int64",
+    "updates": "int64",
+    "responses": "int64",
+    "output_tokens": "int64",
+    "active_seconds": "float64",
+    "job_seconds": "float64",
+    "problem_id": "string",
+    "correct": "float64",
+    "correct_strict": "float64",
+    "response_length": "int64",
+    "truncated": "bool",
     "response": "string",
 }
 # Columns that records written before they existed lack.
@@ -93,6 +130,7 @@ def evals_frame(rows: Iterable[dict]) -> pd.DataFrame:
 
 def atomic_write_parquet(path: Path, df: pd.DataFrame) -> None:
     import io
+
     buf = io.BytesIO()
     df.to_parquet(buf, index=False)
     atomic_write_bytes(path, buf.getvalue())
@@ -106,21 +144,36 @@ class RunDir:
 
     # -- files
     @property
-    def config_path(self) -> Path: return self.path / "config.json"
+    def config_path(self) -> Path:
+        return self.path / "config.json"
+
     @property
-    def collections_path(self) -> Path: return self.path / "collections.jsonl"
+    def collections_path(self) -> Path:
+        return self.path / "collections.jsonl"
+
     @property
-    def evals_path(self) -> Path: return self.path / "evals.parquet"
+    def evals_path(self) -> Path:
+        return self.path / "evals.parquet"
+
     @property
-    def timings_path(self) -> Path: return self.path / "timings.json"
+    def timings_path(self) -> Path:
+        return self.path / "timings.json"
+
     @property
-    def state_path(self) -> Path: return self.path / "state.json"
+    def state_path(self) -> Path:
+        return self.path / "state.json"
+
     @property
-    def samples_path(self) -> Path: return self.path / "samples.jsonl.gz"
+    def samples_path(self) -> Path:
+        return self.path / "samples.jsonl.gz"
+
     @property
-    def final_path(self) -> Path: return self.path / "final"
+    def final_path(self) -> Path:
+        return self.path / "final"
+
     @property
-    def test_path(self) -> Path: return self.path / "test.parquet"
+    def test_path(self) -> Path:
+        return self.path / "test.parquet"
 
     # -- lifecycle
     def state(self) -> dict | None:
@@ -198,8 +251,7 @@ class RunDir:
 
     def truncate_collections(self, keep: int) -> None:
         rows = self.collections()[:keep]
-        atomic_write_bytes(self.collections_path,
-                           "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode())
+        atomic_write_bytes(self.collections_path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode())
 
     def append_samples(self, rows: list[dict]) -> None:
         """Append sampled responses as one gzip member (a torn last member loses only itself)."""

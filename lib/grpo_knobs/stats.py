@@ -240,7 +240,7 @@ def hierarchical_bootstrap(
         w_b = rng.multinomial(n_b, np.full(n_b, 1 / n_b), size=size) / n_b  # [size, seeds_b]
         w_p = rng.multinomial(n_p, np.full(n_p, 1 / n_p), size=size) / n_p  # [size, problems]
         per_problem = w_a @ a_arr - w_b @ b_arr  # [size, problems]: resampled seed means per problem
-        boot[start:start + size] = np.sum(per_problem * w_p, axis=1)
+        boot[start : start + size] = np.sum(per_problem * w_p, axis=1)
     alpha = 1.0 - confidence
     low, high = np.percentile(boot, [100 * alpha / 2, 100 * (1 - alpha / 2)])
     return HierarchicalBootstrap(
@@ -335,9 +335,7 @@ class WelchInterval:
     confidence: float
 
 
-def seed_welch_interval(
-    a: np.ndarray | Sequence, b: np.ndarray | Sequence, confidence: float = 0.95
-) -> WelchInterval:
+def seed_welch_interval(a: np.ndarray | Sequence, b: np.ndarray | Sequence, confidence: float = 0.95) -> WelchInterval:
     """Welch's unequal-variance t interval on per-seed mean accuracies.
 
     ``a`` [seeds_a, problems] or [seeds_a], ``b`` likewise; each recipe needs

@@ -45,8 +45,8 @@ from .prompts import prompt_version
 from .provenance import git_commit, package_versions, source_sha256
 from .records import RunDir, atomic_write_json, fsync_tree, read_json
 from .rollout.base import Generation
-from .tracking import NullTracker, open_tracker
 from .runtime import DIE_WITH_PARENT_ENV, die_with_parent, resolve_device, seed_everything, sync_cuda
+from .tracking import NullTracker, open_tracker
 from .verifiers import grade
 
 # Sampled responses kept per reward value and collection, so a run's drift can be read afterwards.
@@ -90,7 +90,9 @@ class PhaseClock:
     """Accumulates seconds per phase; CUDA work is synchronised before each reading."""
 
     seconds: dict[str, float] = field(
-        default_factory=lambda: dict.fromkeys(("generation", "trainer", "sync", "evaluation", "checkpoint", "init"), 0.0)
+        default_factory=lambda: dict.fromkeys(
+            ("generation", "trainer", "sync", "evaluation", "checkpoint", "init"), 0.0
+        )
     )
     job_start: float = field(default_factory=time.perf_counter)
     offset: float = 0.0  # job seconds carried over from before a resume
@@ -226,7 +228,9 @@ class Trainer:
             self.train_pool = data_mod.load_split(cfg.task, "train", data_dir=cfg.data_dir)
             validation = data_mod.load_split(cfg.task, "validation", data_dir=cfg.data_dir)
             self.val_problems = validation[: cfg.eval_problems] if cfg.eval_problems else validation
-            self.model, self.tokenizer, self.model_info = load_model(cfg.model, device=self.device, dtype=torch.float32)
+            self.model, self.tokenizer, self.model_info = load_model(
+                cfg.model, device=self.device, dtype=torch.float32
+            )
             # eval(): these models have no dropout, and scoring and updates must see the same function.
             self.model.eval()
             self.model.config.use_cache = False
@@ -288,7 +292,9 @@ class Trainer:
         if not hasattr(self, "_packed"):
             path = self.cfg.trainer_path
             if path in ("packed", "packed-compiled") and not supports_packed(self.model):
-                raise ValueError(f"trainer_path=packed does not support {type(self.model).__name__}; use auto or padded.")
+                raise ValueError(
+                    f"trainer_path=packed does not support {type(self.model).__name__}; use auto or padded."
+                )
             self._packed = path in ("packed", "packed-compiled") or (path == "auto" and supports_packed(self.model))
         return self._packed
 
@@ -297,8 +303,10 @@ class Trainer:
         if self.packed and cfg.micro_batch_size is None:
             if not hasattr(self, "_token_budget"):
                 self._token_budget = cfg.packed_tokens_per_micro_batch or (
-                    memory_token_budget(self.model, self.device) if self.device.type == "cuda"
-                    else cfg.max_tokens_per_micro_batch)
+                    memory_token_budget(self.model, self.device)
+                    if self.device.type == "cuda"
+                    else cfg.max_tokens_per_micro_batch
+                )
             local = token_budget_micro_batches([len(seqs[i]) for i in idx], self._token_budget)
             return [[idx[j] for j in mb] for mb in local]
         local = pack_micro_batches([len(seqs[i]) for i in idx], cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
@@ -308,8 +316,15 @@ class Trainer:
     def _score(self, model: torch.nn.Module, seqs: list[Sequence]) -> list[torch.Tensor]:
         """Per-response token log-probs ([len_i] each) under ``model``, without gradients."""
         if self.packed:
-            return score_packed(model, seqs, self._micro_batches(list(range(len(seqs))), seqs), self.device,
-                                self.cfg.temperature, self._autocast, self.cfg.trainer_path == "packed-compiled")
+            return score_packed(
+                model,
+                seqs,
+                self._micro_batches(list(range(len(seqs))), seqs),
+                self.device,
+                self.cfg.temperature,
+                self._autocast,
+                self.cfg.trainer_path == "packed-compiled",
+            )
         out: list[torch.Tensor | None] = [None] * len(seqs)
         for mb_idx in self._micro_batches(list(range(len(seqs))), seqs):
             mb = collate([seqs[i] for i in mb_idx], self.pad_id, self.device)
@@ -358,8 +373,19 @@ class Trainer:
         cfg = self.cfg
         self.optimizer.zero_grad(set_to_none=True)
         if self.packed:  # sequences back to back, no padding (grpo_knobs.packing)
-            out = update_packed(self.model, seqs, idx, self._micro_batches(idx, seqs), adv, old_logp, ref_logp, cfg,
-                                self.device, self._autocast, cfg.trainer_path == "packed-compiled")
+            out = update_packed(
+                self.model,
+                seqs,
+                idx,
+                self._micro_batches(idx, seqs),
+                adv,
+                old_logp,
+                ref_logp,
+                cfg,
+                self.device,
+                self._autocast,
+                cfg.trainer_path == "packed-compiled",
+            )
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
             self.optimizer.step()
             return out | {"grad_norm": grad_norm}
@@ -429,8 +455,9 @@ class Trainer:
         return float(np.mean([r["correct"] for r in rows])) if rows else float("nan")
 
     # ----------------------------------------------------------------- records
-    def _record_collection(self, batch: Collection, updates: list[dict], diagnostics: dict, counters: dict,
-                           before: dict[str, float]) -> None:
+    def _record_collection(
+        self, batch: Collection, updates: list[dict], diagnostics: dict, counters: dict, before: dict[str, float]
+    ) -> None:
         """Append the collection's row to collections.jsonl and a few of its responses to samples."""
         counters["responses"] += len(batch.seqs)
         counters["updates"] += len(updates)
@@ -486,7 +513,8 @@ class Trainer:
         drift = config_drift(read_json(self.run.config_path).get("config", {}), self.cfg)
         if drift:
             raise ValueError(
-                f"resume of {self.run.path} refused: the parameters differ from the recorded ones ({'; '.join(drift)}). "
+                f"resume of {self.run.path} refused: the parameters differ from the recorded ones "
+                f"({'; '.join(drift)}). "
                 "Resume with the recorded values, or start a new run_id."
             )
 
@@ -548,19 +576,25 @@ class Trainer:
             tmp.mkdir()
             save_model(self.model, str(tmp / "model.safetensors"))  # handles tied embeddings
             torch.save(
-                {"optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
-                 "numpy_rng": np.random.get_state()},
+                {
+                    "optimizer": self.optimizer.state_dict(),
+                    "torch_rng": torch.get_rng_state(),
+                    "numpy_rng": np.random.get_state(),
+                },
                 tmp / "optimizer.pt",
             )
             fsync_tree(tmp)
             # state.json last: its presence marks the folder complete.
-            atomic_write_json(tmp / "state.json", {
-                "collections_done": collections_done,
-                "counters": counters,
-                "sampler": self.sampler.state(),
-                "seconds": self.clock.seconds,
-                "job_seconds": self.clock.job,
-            })
+            atomic_write_json(
+                tmp / "state.json",
+                {
+                    "collections_done": collections_done,
+                    "counters": counters,
+                    "sampler": self.sampler.state(),
+                    "seconds": self.clock.seconds,
+                    "job_seconds": self.clock.job,
+                },
+            )
             shutil.rmtree(final, ignore_errors=True)  # a same-N state from an earlier attempt
             os.replace(tmp, final)
             self.run.prune_resume_states(keep=final)
@@ -663,15 +697,17 @@ def sample_rows(batch: Collection, pool: list, responses: int, per_outcome: int 
         if kept.get(reward, 0) >= per_outcome:
             continue
         kept[reward] = kept.get(reward, 0) + 1
-        rows.append({
-            "collection": batch.index,
-            "responses": responses,
-            "prompt_id": pool[batch.prompts[gen.prompt_index[k]]].id,
-            "reward": reward,
-            "finish_reason": gen.finish_reasons[k],
-            "length": len(gen.token_ids[k]),
-            "text": gen.texts[k],
-        })
+        rows.append(
+            {
+                "collection": batch.index,
+                "responses": responses,
+                "prompt_id": pool[batch.prompts[gen.prompt_index[k]]].id,
+                "reward": reward,
+                "finish_reason": gen.finish_reasons[k],
+                "length": len(gen.token_ids[k]),
+                "text": gen.texts[k],
+            }
+        )
     return rows
 
 

@@ -52,9 +52,11 @@ def tag_categories(rows: pd.DataFrame, runs: pd.DataFrame) -> tuple[pd.DataFrame
 
 def category_order(categories: Sequence[str]) -> list[str]:
     """Display order: GSM8K step counts numerically, Countdown operation sets shortest first."""
+
     def key(c: str) -> tuple:
         head = c.split()[0]
         return (0, int(head), c) if head.isdigit() else (1, len(c), c)
+
     return sorted(set(categories), key=key)
 
 
@@ -64,8 +66,9 @@ def category_sizes(tagged: pd.DataFrame) -> pd.DataFrame:
     table = problems.groupby(["task", "split", "category"]).size().rename("problems").reset_index()
     table["share_pct"] = 100 * table["problems"] / table.groupby(["task", "split"])["problems"].transform("sum")
     order = {c: i for i, c in enumerate(category_order(table["category"]))}
-    return table.sort_values(["task", "split", "category"], key=lambda s: s.map(order) if s.name == "category"
-                             else s, ignore_index=True)
+    return table.sort_values(
+        ["task", "split", "category"], key=lambda s: s.map(order) if s.name == "category" else s, ignore_index=True
+    )
 
 
 def category_curves(tagged_evals: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
@@ -74,18 +77,23 @@ def category_curves(tagged_evals: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFr
     per_run = rows.groupby(["task", "label", "category", "responses", "run_id"])["correct"].mean().mul(100)
     table = per_run.groupby(["task", "label", "category", "responses"]).agg(["mean", "min", "max", "count"])
     problems = rows.drop_duplicates(["task", "category", "problem_id"]).groupby(["task", "category"]).size()
-    table = table.reset_index().rename(columns={"mean": "accuracy_pct", "min": "min_pct", "max": "max_pct",
-                                                "count": "n_runs"})
+    table = table.reset_index().rename(
+        columns={"mean": "accuracy_pct", "min": "min_pct", "max": "max_pct", "count": "n_runs"}
+    )
     return table.merge(problems.rename("problems").reset_index(), on=["task", "category"])
 
 
-def category_test_table(tagged_tests: pd.DataFrame, runs: pd.DataFrame,
-                        labels: Sequence[str] | None = None) -> pd.DataFrame:
+def category_test_table(
+    tagged_tests: pd.DataFrame, runs: pd.DataFrame, labels: Sequence[str] | None = None
+) -> pd.DataFrame:
     """Terminal test accuracy per recipe and category: seed mean % and per-seed %."""
     rows = tagged_tests.merge(runs[["run_id", "label", "seed"]], on="run_id")
     per_seed = rows.groupby(["task", "label", "category", "seed"])["correct"].mean().mul(100).reset_index()
-    table = per_seed.groupby(["task", "label", "category"]).agg(
-        accuracy_pct=("correct", "mean"), seed_pct=("correct", tuple)).reset_index()
+    table = (
+        per_seed.groupby(["task", "label", "category"])
+        .agg(accuracy_pct=("correct", "mean"), seed_pct=("correct", tuple))
+        .reset_index()
+    )
     sizes = rows.drop_duplicates(["task", "category", "problem_id"]).groupby(["task", "category"]).size()
     table = table.merge(sizes.rename("problems").reset_index(), on=["task", "category"])
     label_rank = {lab: i for i, lab in enumerate(labels or sorted(table["label"].unique()))}
@@ -95,8 +103,9 @@ def category_test_table(tagged_tests: pd.DataFrame, runs: pd.DataFrame,
     return table[["task", "label", "category", "problems", "accuracy_pct", "seed_pct"]]
 
 
-def category_decomposition(tagged_tests: pd.DataFrame, runs: pd.DataFrame, task: str,
-                           pairs: Sequence[tuple[str, str]]) -> pd.DataFrame:
+def category_decomposition(
+    tagged_tests: pd.DataFrame, runs: pd.DataFrame, task: str, pairs: Sequence[tuple[str, str]]
+) -> pd.DataFrame:
     """Each test-accuracy difference ``x - y`` split by category.
 
     Per pair and category: problems, correct answers per trained model of
@@ -116,13 +125,19 @@ def category_decomposition(tagged_tests: pd.DataFrame, runs: pd.DataFrame, task:
         for cat in category_order(problem_cat):
             cols = problem_cat == cat  # [problems]
             per_model_x, per_model_y = a[:, cols].sum(axis=1).mean(), b[:, cols].sum(axis=1).mean()
-            rows.append({
-                "task": task, "comparison": f"{x} versus {y}", "category": cat, "problems": int(cols.sum()),
-                "x_correct_per_model": per_model_x, "y_correct_per_model": per_model_y,
-                "diff_per_model": per_model_x - per_model_y,
-                "contribution_pp": 100 * (per_model_x - per_model_y) / len(ids),
-                "net_correct_all_seeds": (a[:, cols].sum() - b[:, cols].sum()) if len(a) == len(b) else np.nan,
-            })
+            rows.append(
+                {
+                    "task": task,
+                    "comparison": f"{x} versus {y}",
+                    "category": cat,
+                    "problems": int(cols.sum()),
+                    "x_correct_per_model": per_model_x,
+                    "y_correct_per_model": per_model_y,
+                    "diff_per_model": per_model_x - per_model_y,
+                    "contribution_pp": 100 * (per_model_x - per_model_y) / len(ids),
+                    "net_correct_all_seeds": (a[:, cols].sum() - b[:, cols].sum()) if len(a) == len(b) else np.nan,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -146,8 +161,10 @@ def exact_category_solutions(tagged_evals: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["task", "category", "accuracy_pct", "evaluations", "evaluations_at_accuracy"])
     found = pd.DataFrame(rows).groupby(["task", "category", "accuracy_pct"]).size().rename("evaluations").reset_index()
     per_eval = tagged_evals.groupby(["task", "run_id", "responses"])["correct"].mean().mul(100).round(9).reset_index()
-    at_acc = [int(((per_eval["task"] == r.task) & np.isclose(per_eval["correct"], r.accuracy_pct)).sum())
-              for r in found.itertuples()]
+    at_acc = [
+        int(((per_eval["task"] == r.task) & np.isclose(per_eval["correct"], r.accuracy_pct)).sum())
+        for r in found.itertuples()
+    ]
     return found.assign(evaluations_at_accuracy=at_acc)
 
 
@@ -158,8 +175,9 @@ def pool_coverage(collections: pd.DataFrame, runs: pd.DataFrame, pool_size: int)
     merged = collections.merge(runs[["run_id", "arm", "rollout_batch_size"]], on="run_id")
     full = merged[merged["distinct_prompts"] >= pool_size].groupby("run_id")["collection"].min() + 1
     per_run = runs.set_index("run_id")[["arm", "rollout_batch_size"]].join(full.rename("covered_by"), how="inner")
-    table = per_run.groupby(["rollout_batch_size"]).agg(arms=("arm", lambda a: ", ".join(sorted(set(a)))),
-                                                         runs=("arm", "size"), covered_by=("covered_by", "max"))
+    table = per_run.groupby(["rollout_batch_size"]).agg(
+        arms=("arm", lambda a: ", ".join(sorted(set(a)))), runs=("arm", "size"), covered_by=("covered_by", "max")
+    )
     table = table.reset_index().rename(columns={"rollout_batch_size": "P"})
     table["repeated_slots_min"] = (table["P"] - pool_size).clip(lower=0)
     return table
@@ -174,6 +192,13 @@ def shared_numbers(task: str) -> pd.DataFrame:
     for split in ("validation", "test"):
         problems = data.load_split(task, split)
         shared = sum(tuple(sorted(p.numbers)) in train for p in problems)
-        rows.append({"task": task, "split": split, "problems": len(problems), "share_train_numbers": shared,
-                     "train_pool": len(pool)})
+        rows.append(
+            {
+                "task": task,
+                "split": split,
+                "problems": len(problems),
+                "share_train_numbers": shared,
+                "train_pool": len(pool),
+            }
+        )
     return pd.DataFrame(rows)

@@ -36,8 +36,10 @@ class CollapseRule:
     min_responses: int = COLLAPSE_MIN_RESPONSES
 
     def describe(self) -> str:
-        return (f"zero-advantage share >= {self.threshold:.0%} in consecutive collections spanning "
-                f">= {self.min_responses:,} responses, after the run's first collection below {self.threshold:.0%}")
+        return (
+            f"zero-advantage share >= {self.threshold:.0%} in consecutive collections spanning "
+            f">= {self.min_responses:,} responses, after the run's first collection below {self.threshold:.0%}"
+        )
 
 
 def zero_advantage_series(collections: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
@@ -50,8 +52,9 @@ def zero_advantage_series(collections: pd.DataFrame, runs: pd.DataFrame) -> pd.D
     """
     cols = ["run_id", "task", "phase", "label", "arm", "seed"]
     merged = collections.merge(runs[cols], on="run_id")
-    recorded = pd.to_numeric(merged.get("zero_advantage_fraction", pd.Series(np.nan, index=merged.index)),
-                             errors="coerce")
+    recorded = pd.to_numeric(
+        merged.get("zero_advantage_fraction", pd.Series(np.nan, index=merged.index)), errors="coerce"
+    )
     entropy = pd.to_numeric(merged.get("entropy_mean", pd.Series(np.nan, index=merged.index)), errors="coerce")
     out = merged[cols + ["collection", "responses", "reward_mean", "mixed_group_fraction"]].copy()
     out["zero_advantage_fraction"] = recorded.fillna(1 - merged["mixed_group_fraction"])
@@ -101,13 +104,31 @@ def collapse_points(series: pd.DataFrame, rule: CollapseRule = CollapseRule()) -
         if start is None:
             row |= {"collapse_collection": np.nan, "collapse_responses": np.nan, "streak": 0, "to_end": False}
         else:
-            row |= {"collapse_collection": int(g["collection"].iloc[start]),
-                    "collapse_responses": int(g["responses"].iloc[start]), "streak": length,
-                    "to_end": start + length == len(g)}
+            row |= {
+                "collapse_collection": int(g["collection"].iloc[start]),
+                "collapse_responses": int(g["responses"].iloc[start]),
+                "streak": length,
+                "to_end": start + length == len(g),
+            }
         rows.append(row)
-    return pd.DataFrame(rows, columns=["run_id", "task", "phase", "label", "arm", "seed", "collapsed", "source",
-                                       "collections", "collapse_collection", "collapse_responses", "streak",
-                                       "to_end"])
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "run_id",
+            "task",
+            "phase",
+            "label",
+            "arm",
+            "seed",
+            "collapsed",
+            "source",
+            "collections",
+            "collapse_collection",
+            "collapse_responses",
+            "streak",
+            "to_end",
+        ],
+    )
 
 
 def describe_collapse(points: pd.DataFrame) -> pd.Series:
@@ -120,6 +141,7 @@ def describe_collapse(points: pd.DataFrame) -> pd.Series:
             return "no"
         tail = "until the run ended" if r["to_end"] else f"recovered after {r['streak']} collections"
         return f"at {r['collapse_responses']:,.0f} responses (collection {r['collapse_collection']:.0f}), {tail}"
+
     return points.apply(text, axis=1)
 
 
@@ -141,12 +163,14 @@ def group_mixing_prediction(collections: pd.DataFrame, runs: pd.DataFrame) -> pd
     group_means = merged.get("group_reward_means", pd.Series([None] * len(merged), index=merged.index))
     per_group = [
         stats.predicted_mixed_fraction(np.asarray(m, dtype=float), int(g))
-        if isinstance(m, (list, tuple, np.ndarray)) and len(m) else np.nan
+        if isinstance(m, (list, tuple, np.ndarray)) and len(m)
+        else np.nan
         for m, g in zip(group_means, merged["n_samples_per_prompt"])
     ]
     out = merged[cols[1:] + ["collection", "reward_mean", "mixed_group_fraction"]].copy()
     out["formula_at_mean_reward"] = stats.mixed_group_probability(
-        out["reward_mean"].clip(0, 1).to_numpy(), out["n_samples_per_prompt"].to_numpy())
+        out["reward_mean"].clip(0, 1).to_numpy(), out["n_samples_per_prompt"].to_numpy()
+    )
     out["predicted_per_group"] = per_group
     return out.sort_values(["task", "n_samples_per_prompt", "seed", "collection"], ignore_index=True)
 
@@ -155,8 +179,11 @@ def mixing_prediction_summary(prediction: pd.DataFrame) -> pd.DataFrame:
     """Per run: mean measured mixed fraction, mean formula at the collection mean reward, and mean
     per-group prediction ("not recorded" runs show NaN), over its collections."""
     grouped = prediction.groupby(["task", "phase", "arm", "seed", "n_samples_per_prompt"], sort=False)
-    table = grouped.agg(collections=("collection", "size"), measured=("mixed_group_fraction", "mean"),
-                        formula_at_mean_reward=("formula_at_mean_reward", "mean"),
-                        predicted_per_group=("predicted_per_group", "mean"),
-                        recorded=("predicted_per_group", lambda s: int(s.notna().sum()))).reset_index()
+    table = grouped.agg(
+        collections=("collection", "size"),
+        measured=("mixed_group_fraction", "mean"),
+        formula_at_mean_reward=("formula_at_mean_reward", "mean"),
+        predicted_per_group=("predicted_per_group", "mean"),
+        recorded=("predicted_per_group", lambda s: int(s.notna().sum())),
+    ).reset_index()
     return table.rename(columns={"n_samples_per_prompt": "G"})

@@ -78,8 +78,9 @@ def completion_examples(run_dir: str | Path, per_outcome: int = 1, max_chars: in
     return out
 
 
-def eval_response_examples(evals: pd.DataFrame, run_id: str, per_outcome: int = 1,
-                           max_chars: int | None = 400) -> pd.DataFrame:
+def eval_response_examples(
+    evals: pd.DataFrame, run_id: str, per_outcome: int = 1, max_chars: int | None = 400
+) -> pd.DataFrame:
     """Validation responses of one run at its first, middle and last evaluation, ``per_outcome``
     correct and wrong each. Empty when ``evals`` has no ``response`` column or no rows for the run."""
     columns = ["stage", "responses", "problem_id", "correct", "response_length", "truncated", "response"]

@@ -14,18 +14,23 @@ from grpo_knobs.analysis.ordering import _sort_by_labels
 
 def confirmation_run_table(runs: pd.DataFrame, labels: Sequence[str] | None = None) -> pd.DataFrame:
     """Per run: recipe, seed, final validation %, test %, active phase and job minutes."""
-    table = pd.DataFrame({
-        "task": runs["task"], "recipe": runs["label"], "seed": runs["seed"],
-        "val_pct": 100 * runs["final_accuracy"],
-        "test_pct": 100 * runs.get("test_accuracy", pd.Series(np.nan, index=runs.index)),
-        "phase_min": runs["active_phase_seconds"] / 60,
-        "job_min": runs["job_seconds"] / 60,
-    })
+    table = pd.DataFrame(
+        {
+            "task": runs["task"],
+            "recipe": runs["label"],
+            "seed": runs["seed"],
+            "val_pct": 100 * runs["final_accuracy"],
+            "test_pct": 100 * runs.get("test_accuracy", pd.Series(np.nan, index=runs.index)),
+            "phase_min": runs["active_phase_seconds"] / 60,
+            "job_min": runs["job_seconds"] / 60,
+        }
+    )
     return _sort_by_labels(table, labels, ["task", "recipe", "seed"])
 
 
-def recipe_test_scores(tests: pd.DataFrame, runs: pd.DataFrame, label: str, task: str,
-                      column: str = "correct") -> tuple[np.ndarray, np.ndarray, list[str]]:
+def recipe_test_scores(
+    tests: pd.DataFrame, runs: pd.DataFrame, label: str, task: str, column: str = "correct"
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Terminal test scores of one recipe as ([seeds, problems], seeds, problem IDs).
 
     Problem columns are sorted by ID; every seed must have graded the same
@@ -52,9 +57,15 @@ def default_comparisons(labels: Sequence[str]) -> list[tuple[str, str]]:
     return [(alt, base) for alt in alts] + [(y, x) for x, y in combinations(alts, 2)]
 
 
-def paired_comparisons(runs: pd.DataFrame, tests: pd.DataFrame, task: str,
-                       pairs: Sequence[tuple[str, str]], n_resamples: int = 10_000, seed: int = 0,
-                       confidence: float = 0.95) -> pd.DataFrame:
+def paired_comparisons(
+    runs: pd.DataFrame,
+    tests: pd.DataFrame,
+    task: str,
+    pairs: Sequence[tuple[str, str]],
+    n_resamples: int = 10_000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> pd.DataFrame:
     """Test-accuracy differences ``x - y`` per pair, via :func:`stats.paired_bootstrap`.
 
     Seeds are paired by seed number, so both recipes need the same seed set.
@@ -65,14 +76,22 @@ def paired_comparisons(runs: pd.DataFrame, tests: pd.DataFrame, task: str,
         b, seeds_b, ids_b = recipe_test_scores(tests, runs, y, task)
         if list(seeds_a) != list(seeds_b):
             raise ValueError(f"{x!r} and {y!r} on {task} have different seeds: {list(seeds_a)} vs {list(seeds_b)}")
-        res = stats.paired_bootstrap(a, b, n_resamples=n_resamples, seed=seed, confidence=confidence,
-                                     problem_ids_a=ids_a, problem_ids_b=ids_b)
-        rows.append({
-            "task": task, "comparison": f"{x} versus {y}", "mean_pp": res.mean_diff_pp,
-            "ci_low_pp": res.ci_low_pp, "ci_high_pp": res.ci_high_pp,
-            "seed_diffs_pp": tuple(float(d) for d in res.per_seed_diff_pp),
-            "p_le_zero": res.p_le_zero, "n_seeds": a.shape[0], "n_problems": a.shape[1],
-        })
+        res = stats.paired_bootstrap(
+            a, b, n_resamples=n_resamples, seed=seed, confidence=confidence, problem_ids_a=ids_a, problem_ids_b=ids_b
+        )
+        rows.append(
+            {
+                "task": task,
+                "comparison": f"{x} versus {y}",
+                "mean_pp": res.mean_diff_pp,
+                "ci_low_pp": res.ci_low_pp,
+                "ci_high_pp": res.ci_high_pp,
+                "seed_diffs_pp": tuple(float(d) for d in res.per_seed_diff_pp),
+                "p_le_zero": res.p_le_zero,
+                "n_seeds": a.shape[0],
+                "n_problems": a.shape[1],
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -90,8 +109,10 @@ def decode_path_note(runs: pd.DataFrame, task: str) -> str | None:
     if paths.nunique() < 2:
         return None
     counts = ", ".join(f"{path} {n}" for path, n in paths.value_counts().sort_index().items())
-    return (f"{task}: runs used more than one decode path (runs per path: {counts}); times in seconds "
-            "mix them, compare recipes on responses or within one path")
+    return (
+        f"{task}: runs used more than one decode path (runs per path: {counts}); times in seconds "
+        "mix them, compare recipes on responses or within one path"
+    )
 
 
 def job_time_path_notes(runs: pd.DataFrame, task: str, pairs: Sequence[tuple[str, str]]) -> list[str]:
@@ -104,8 +125,10 @@ def job_time_path_notes(runs: pd.DataFrame, task: str, pairs: Sequence[tuple[str
         common = sorted(set(paths[x].index) & set(paths[y].index))
         mixed = [s for s in common if paths[x][s] != paths[y][s]]
         if mixed:
-            notes.append(f"{task}: {x} versus {y}: job times of seeds {mixed} left out (runs on different decode "
-                         f"paths); accuracy comparisons use every seed")
+            notes.append(
+                f"{task}: {x} versus {y}: job times of seeds {mixed} left out (runs on different decode "
+                f"paths); accuracy comparisons use every seed"
+            )
     return notes
 
 
@@ -132,25 +155,48 @@ def paired_job_times(runs: pd.DataFrame, task: str, pairs: Sequence[tuple[str, s
             a = chosen[x].loc[seeds, "job_seconds"].to_numpy() / 60  # [seeds]
             b = chosen[y].loc[seeds, "job_seconds"].to_numpy() / 60  # [seeds]
             reductions = 100 * (1 - a / b)  # [seeds]
-            rows.append({
-                "task": task, "comparison": f"{x} versus {y}", "rollout_path": path, "x_job_min": a.mean(),
-                "y_job_min": b.mean(), "ratio": a.mean() / b.mean(), "reduction_pct": 100 * (1 - a.mean() / b.mean()),
-                "seed_reductions_pct": tuple(float(r) for r in reductions),
-                "seeds_faster": int((reductions > 0).sum()), "n_seeds": len(seeds),
-            })
-    return pd.DataFrame(rows, columns=["task", "comparison", "rollout_path", "x_job_min", "y_job_min", "ratio",
-                                       "reduction_pct", "seed_reductions_pct", "seeds_faster", "n_seeds"])
+            rows.append(
+                {
+                    "task": task,
+                    "comparison": f"{x} versus {y}",
+                    "rollout_path": path,
+                    "x_job_min": a.mean(),
+                    "y_job_min": b.mean(),
+                    "ratio": a.mean() / b.mean(),
+                    "reduction_pct": 100 * (1 - a.mean() / b.mean()),
+                    "seed_reductions_pct": tuple(float(r) for r in reductions),
+                    "seeds_faster": int((reductions > 0).sum()),
+                    "n_seeds": len(seeds),
+                }
+            )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "task",
+            "comparison",
+            "rollout_path",
+            "x_job_min",
+            "y_job_min",
+            "ratio",
+            "reduction_pct",
+            "seed_reductions_pct",
+            "seeds_faster",
+            "n_seeds",
+        ],
+    )
 
 
 def format_comparisons(table: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
     """The study's display: signed pp, "[low, high]" interval, per-seed differences."""
     interval = f"Conditional {round(100 * confidence)}% interval"
-    return pd.DataFrame({
-        "Comparison": table["comparison"],
-        "Mean pp": table["mean_pp"].map(lambda v: f"{v:+.2f}"),
-        interval: [f"[{lo:+.2f}, {hi:+.2f}]" for lo, hi in zip(table["ci_low_pp"], table["ci_high_pp"])],
-        "Seed differences pp": table["seed_diffs_pp"].map(lambda d: ", ".join(f"{v:+.2f}" for v in d)),
-    })
+    return pd.DataFrame(
+        {
+            "Comparison": table["comparison"],
+            "Mean pp": table["mean_pp"].map(lambda v: f"{v:+.2f}"),
+            interval: [f"[{lo:+.2f}, {hi:+.2f}]" for lo, hi in zip(table["ci_low_pp"], table["ci_high_pp"])],
+            "Seed differences pp": table["seed_diffs_pp"].map(lambda d: ", ".join(f"{v:+.2f}" for v in d)),
+        }
+    )
 
 
 def phase_cost_table(runs: pd.DataFrame, labels: Sequence[str] | None = None) -> pd.DataFrame:
@@ -163,15 +209,21 @@ def phase_cost_table(runs: pd.DataFrame, labels: Sequence[str] | None = None) ->
     """
     paths = _rollout_paths(runs)
     by_path = paths.nunique() > 1
-    per_run = pd.DataFrame({
-        "task": runs["task"], "recipe": runs["label"], **({"rollout_path": paths} if by_path else {}),
-        "generate_min": runs["generation_seconds"] / 60,
-        "trainer_min": runs["trainer_seconds"] / 60,
-        "sync_min": runs["sync_seconds"] / 60,
-        "other_min": (runs["job_seconds"] - runs["generation_seconds"] - runs["trainer_seconds"]
-                      - runs["sync_seconds"]) / 60,
-        "output_million_tokens": runs["output_tokens"] / 1e6,
-    })
+    per_run = pd.DataFrame(
+        {
+            "task": runs["task"],
+            "recipe": runs["label"],
+            **({"rollout_path": paths} if by_path else {}),
+            "generate_min": runs["generation_seconds"] / 60,
+            "trainer_min": runs["trainer_seconds"] / 60,
+            "sync_min": runs["sync_seconds"] / 60,
+            "other_min": (
+                runs["job_seconds"] - runs["generation_seconds"] - runs["trainer_seconds"] - runs["sync_seconds"]
+            )
+            / 60,
+            "output_million_tokens": runs["output_tokens"] / 1e6,
+        }
+    )
     keys = ["task", "recipe", "rollout_path"] if by_path else ["task", "recipe"]
     table = per_run.groupby(keys, sort=False).mean().reset_index()
     table["n_runs"] = per_run.groupby(keys, sort=False).size().to_numpy()
@@ -180,11 +232,15 @@ def phase_cost_table(runs: pd.DataFrame, labels: Sequence[str] | None = None) ->
 
 def truncation_table(runs: pd.DataFrame, labels: Sequence[str] | None = None) -> pd.DataFrame:
     """Per run: terminal test mean response length and truncation %."""
-    table = pd.DataFrame({
-        "task": runs["task"], "recipe": runs["label"], "seed": runs["seed"],
-        "test_response_length": runs["test_response_length"],
-        "test_truncation_pct": 100 * runs["test_truncation_fraction"],
-    })
+    table = pd.DataFrame(
+        {
+            "task": runs["task"],
+            "recipe": runs["label"],
+            "seed": runs["seed"],
+            "test_response_length": runs["test_response_length"],
+            "test_truncation_pct": 100 * runs["test_truncation_fraction"],
+        }
+    )
     return _sort_by_labels(table, labels, ["task", "recipe", "seed"])
 
 
@@ -193,8 +249,9 @@ def truncation_range(table: pd.DataFrame) -> pd.DataFrame:
     return table.groupby("task", sort=False)["test_truncation_pct"].agg(["min", "max", "count"]).reset_index()
 
 
-def _unpaired_test_scores(runs: pd.DataFrame, tests: pd.DataFrame, task: str, x: str, y: str,
-                          max_seeds: int | None) -> tuple[np.ndarray, np.ndarray]:
+def _unpaired_test_scores(
+    runs: pd.DataFrame, tests: pd.DataFrame, task: str, x: str, y: str, max_seeds: int | None
+) -> tuple[np.ndarray, np.ndarray]:
     """Test scores [seeds, problems] of ``x`` and ``y`` on the same problem columns; with
     ``max_seeds`` only each recipe's lowest-numbered seeds."""
     a, seeds_a, ids_a = recipe_test_scores(tests, runs, x, task)
@@ -206,9 +263,16 @@ def _unpaired_test_scores(runs: pd.DataFrame, tests: pd.DataFrame, task: str, x:
     return a, b
 
 
-def seed_level_comparisons(runs: pd.DataFrame, tests: pd.DataFrame, task: str,
-                           pairs: Sequence[tuple[str, str]], n_resamples: int = 10_000, seed: int = 0,
-                           confidence: float = 0.95, max_seeds: int | None = None) -> pd.DataFrame:
+def seed_level_comparisons(
+    runs: pd.DataFrame,
+    tests: pd.DataFrame,
+    task: str,
+    pairs: Sequence[tuple[str, str]],
+    n_resamples: int = 10_000,
+    seed: int = 0,
+    confidence: float = 0.95,
+    max_seeds: int | None = None,
+) -> pd.DataFrame:
     """Test-accuracy differences ``x - y`` with the trained model as the unit, per pair.
 
     Three views of the same difference: the two-level bootstrap
@@ -224,16 +288,24 @@ def seed_level_comparisons(runs: pd.DataFrame, tests: pd.DataFrame, task: str,
         a, b = _unpaired_test_scores(runs, tests, task, x, y, max_seeds)  # [seeds_x, problems], [seeds_y, problems]
         boot = stats.hierarchical_bootstrap(a, b, n_resamples=n_resamples, seed=seed, confidence=confidence)
         perm = stats.seed_permutation_test(a, b, alternative="greater")
-        welch = (stats.seed_welch_interval(a, b, confidence) if min(len(a), len(b)) >= 2 else None)
-        rows.append({
-            "task": task, "comparison": f"{x} versus {y}", "n_seeds_x": len(a), "n_seeds_y": len(b),
-            "n_problems": a.shape[1], "mean_pp": boot.mean_diff_pp,
-            "hier_low_pp": boot.ci_low_pp, "hier_high_pp": boot.ci_high_pp,
-            "perm_p_greater": perm.p_value, "n_relabellings": perm.n_relabellings,
-            "welch_low_pp": welch.ci_low_pp if welch else np.nan,
-            "welch_high_pp": welch.ci_high_pp if welch else np.nan,
-            "welch_p_two_sided": welch.p_value if welch else np.nan,
-        })
+        welch = stats.seed_welch_interval(a, b, confidence) if min(len(a), len(b)) >= 2 else None
+        rows.append(
+            {
+                "task": task,
+                "comparison": f"{x} versus {y}",
+                "n_seeds_x": len(a),
+                "n_seeds_y": len(b),
+                "n_problems": a.shape[1],
+                "mean_pp": boot.mean_diff_pp,
+                "hier_low_pp": boot.ci_low_pp,
+                "hier_high_pp": boot.ci_high_pp,
+                "perm_p_greater": perm.p_value,
+                "n_relabellings": perm.n_relabellings,
+                "welch_low_pp": welch.ci_low_pp if welch else np.nan,
+                "welch_high_pp": welch.ci_high_pp if welch else np.nan,
+                "welch_p_two_sided": welch.p_value if welch else np.nan,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -243,8 +315,9 @@ def tested_seeds(runs: pd.DataFrame, tests: pd.DataFrame, task: str) -> dict[str
     return {label: sorted(int(s) for s in set(g)) for label, g in tested.groupby("label")["seed"]}
 
 
-def tested_pairs(runs: pd.DataFrame, tests: pd.DataFrame, task: str,
-                 pairs: Sequence[tuple[str, str]]) -> tuple[list[tuple[str, str]], list[str]]:
+def tested_pairs(
+    runs: pd.DataFrame, tests: pd.DataFrame, task: str, pairs: Sequence[tuple[str, str]]
+) -> tuple[list[tuple[str, str]], list[str]]:
     """The pairs :func:`seed_level_comparisons` can compare (both recipes have test rows; their
     seeds may differ), and a note per pair it cannot."""
     seeds = tested_seeds(runs, tests, task)
@@ -268,17 +341,21 @@ def format_seed_level(table: pd.DataFrame, confidence: float = 0.95) -> pd.DataF
     shown["Problems"] = table["n_problems"].astype(int)
     shown["Mean pp"] = table["mean_pp"].map(lambda v: f"{v:+.2f}")
     shown[f"Seed-level {level}% (seeds, then problems)"] = [
-        f"[{lo:+.2f}, {hi:+.2f}]" for lo, hi in zip(table["hier_low_pp"], table["hier_high_pp"])]
-    shown["Permutation p (one-sided)"] = [f"{p:.3f} (of {n})" for p, n in
-                                          zip(table["perm_p_greater"], table["n_relabellings"])]
+        f"[{lo:+.2f}, {hi:+.2f}]" for lo, hi in zip(table["hier_low_pp"], table["hier_high_pp"])
+    ]
+    shown["Permutation p (one-sided)"] = [
+        f"{p:.3f} (of {n})" for p, n in zip(table["perm_p_greater"], table["n_relabellings"])
+    ]
     shown[f"Welch {level}%"] = [
         "n/a" if np.isnan(lo) else f"[{lo:+.2f}, {hi:+.2f}], p={p:.2f}"
-        for lo, hi, p in zip(table["welch_low_pp"], table["welch_high_pp"], table["welch_p_two_sided"])]
+        for lo, hi, p in zip(table["welch_low_pp"], table["welch_high_pp"], table["welch_p_two_sided"])
+    ]
     return shown.reset_index(drop=True)
 
 
-def comparison_side_by_side(conditional: pd.DataFrame, seed_level: pd.DataFrame,
-                            confidence: float = 0.95) -> pd.DataFrame:
+def comparison_side_by_side(
+    conditional: pd.DataFrame, seed_level: pd.DataFrame, confidence: float = 0.95
+) -> pd.DataFrame:
     """The conditional (problem-bootstrap) and seed-level intervals of each comparison, one row each.
 
     ``conditional`` comes from :func:`paired_comparisons`, ``seed_level`` from
@@ -288,27 +365,46 @@ def comparison_side_by_side(conditional: pd.DataFrame, seed_level: pd.DataFrame,
     level = round(100 * confidence)
     shown = format_seed_level(seed_level, confidence)
     cond = conditional.set_index("comparison") if len(conditional) else pd.DataFrame(columns=["ci_low_pp"])
-    column = [f"[{cond.at[c, 'ci_low_pp']:+.2f}, {cond.at[c, 'ci_high_pp']:+.2f}]" if c in cond.index
-              else "n/a (seeds not paired)" for c in seed_level["comparison"]]
+    column = [
+        f"[{cond.at[c, 'ci_low_pp']:+.2f}, {cond.at[c, 'ci_high_pp']:+.2f}]"
+        if c in cond.index
+        else "n/a (seeds not paired)"
+        for c in seed_level["comparison"]
+    ]
     shown.insert(4, f"Conditional {level}% (problems)", column)
     return shown
 
 
 INTERVAL_MEANINGS = {
-    "conditional": ("Conditional interval: how much the difference between these particular trained models "
-                    "could move if they were graded on another draw of test problems of the same kind."),
-    "hierarchical": ("Seed-level interval: how much the difference between the recipes could move with other "
-                     "training seeds and other test problems; seeds are resampled per recipe, not paired."),
-    "permutation": ("Permutation p: the share of all ways to relabel the trained models between the two recipes "
-                    "that give a difference in seed-mean accuracy at least as large as the observed one."),
-    "welch": ("Welch interval: a t interval that treats each trained model's test accuracy as one observation; "
-              "with three seeds per recipe it has about two degrees of freedom and is wide."),
+    "conditional": (
+        "Conditional interval: how much the difference between these particular trained models "
+        "could move if they were graded on another draw of test problems of the same kind."
+    ),
+    "hierarchical": (
+        "Seed-level interval: how much the difference between the recipes could move with other "
+        "training seeds and other test problems; seeds are resampled per recipe, not paired."
+    ),
+    "permutation": (
+        "Permutation p: the share of all ways to relabel the trained models between the two recipes "
+        "that give a difference in seed-mean accuracy at least as large as the observed one."
+    ),
+    "welch": (
+        "Welch interval: a t interval that treats each trained model's test accuracy as one observation; "
+        "with three seeds per recipe it has about two degrees of freedom and is wide."
+    ),
 }
 
 
-def seed_count_change(runs: pd.DataFrame, tests: pd.DataFrame, task: str, pairs: Sequence[tuple[str, str]],
-                      first: int = 3, n_resamples: int = 10_000, seed: int = 0,
-                      confidence: float = 0.95) -> pd.DataFrame:
+def seed_count_change(
+    runs: pd.DataFrame,
+    tests: pd.DataFrame,
+    task: str,
+    pairs: Sequence[tuple[str, str]],
+    first: int = 3,
+    n_resamples: int = 10_000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> pd.DataFrame:
     """The seed-level comparison on each recipe's first ``first`` seeds and on all its seeds.
 
     Only pairs where a recipe has more than ``first`` tested seeds appear (an
@@ -324,6 +420,9 @@ def seed_count_change(runs: pd.DataFrame, tests: pd.DataFrame, task: str, pairs:
     every = seed_level_comparisons(runs, tests, task, grown, n_resamples, seed, confidence)
     table = pd.concat([few.assign(seeds=f"first {first}"), every.assign(seeds="all")], ignore_index=True)
     order = {c: i for i, c in enumerate(every["comparison"])}
-    table = table.sort_values(["comparison", "seeds"], key=lambda s: s.map(order) if s.name == "comparison" else
-                              s.map(lambda v: 0 if v.startswith("first") else 1), ignore_index=True)
+    table = table.sort_values(
+        ["comparison", "seeds"],
+        key=lambda s: s.map(order) if s.name == "comparison" else s.map(lambda v: 0 if v.startswith("first") else 1),
+        ignore_index=True,
+    )
     return table[["task", "comparison", "seeds", *[c for c in every.columns if c not in ("task", "comparison")]]]

@@ -39,26 +39,39 @@ def _curve_endpoints(curves: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for run_id, c in curves.groupby("run_id", sort=True):
         resp, acc = c["responses"].to_numpy(), c["accuracy"].to_numpy()
-        rows.append({
-            "run_id": run_id,
-            "initial_accuracy": acc[0],
-            "final_accuracy": acc[-1],
-            "sample_auc": stats.sample_auc(resp, acc) if len(c) > 1 else np.nan,
-        })
+        rows.append(
+            {
+                "run_id": run_id,
+                "initial_accuracy": acc[0],
+                "final_accuracy": acc[-1],
+                "sample_auc": stats.sample_auc(resp, acc) if len(c) > 1 else np.nan,
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def _test_endpoints(tests: pd.DataFrame) -> pd.DataFrame:
     """Terminal test accuracy, length and truncation per run."""
     if tests.empty:
-        return pd.DataFrame(columns=["run_id", "test_accuracy", "test_accuracy_strict",
-                                     "test_response_length", "test_truncation_fraction"])
-    return tests.groupby("run_id").agg(
-        test_accuracy=("correct", "mean"),
-        test_accuracy_strict=("correct_strict", "mean"),
-        test_response_length=("response_length", "mean"),
-        test_truncation_fraction=("truncated", "mean"),
-    ).reset_index()
+        return pd.DataFrame(
+            columns=[
+                "run_id",
+                "test_accuracy",
+                "test_accuracy_strict",
+                "test_response_length",
+                "test_truncation_fraction",
+            ]
+        )
+    return (
+        tests.groupby("run_id")
+        .agg(
+            test_accuracy=("correct", "mean"),
+            test_accuracy_strict=("correct_strict", "mean"),
+            test_response_length=("response_length", "mean"),
+            test_truncation_fraction=("truncated", "mean"),
+        )
+        .reset_index()
+    )
 
 
 def summarize_curves(curves: pd.DataFrame, runs: pd.DataFrame, x: str = "responses") -> pd.DataFrame:
@@ -77,20 +90,27 @@ def summarize_curves(curves: pd.DataFrame, runs: pd.DataFrame, x: str = "respons
         xs = g.pivot(index="run_id", columns="responses", values=x)
         summary = stats.seed_summary(100 * acc.to_numpy())
         for i, responses in enumerate(acc.columns):
-            rows.append({
-                "task": task, "label": label, "responses": responses,
-                "x": float(xs[responses].mean()),
-                "accuracy_mean_pct": summary.mean[i], "accuracy_min_pct": summary.min[i],
-                "accuracy_max_pct": summary.max[i], "n_seeds": acc.shape[0],
-            })
+            rows.append(
+                {
+                    "task": task,
+                    "label": label,
+                    "responses": responses,
+                    "x": float(xs[responses].mean()),
+                    "accuracy_mean_pct": summary.mean[i],
+                    "accuracy_min_pct": summary.min[i],
+                    "accuracy_max_pct": summary.max[i],
+                    "n_seeds": acc.shape[0],
+                }
+            )
     return pd.DataFrame(rows)
 
 
 def curve_endpoint_table(summary: pd.DataFrame, labels: Sequence[str] | None = None) -> pd.DataFrame:
     """The last evaluation point of each recipe in a :func:`summarize_curves` table."""
     last = summary.sort_values("responses").groupby(["task", "label"], sort=False).tail(1)
-    table = last[["task", "label", "responses", "accuracy_mean_pct", "accuracy_min_pct",
-                  "accuracy_max_pct", "n_seeds"]].rename(columns={"label": "recipe"})
+    table = last[
+        ["task", "label", "responses", "accuracy_mean_pct", "accuracy_min_pct", "accuracy_max_pct", "n_seeds"]
+    ].rename(columns={"label": "recipe"})
     return sort_tasks(_sort_by_labels(table, labels, ["recipe"]))
 
 
@@ -123,13 +143,24 @@ def training_signals(collections: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFr
         t = t.assign(window=window_end)
         for label, g in t.groupby("label", sort=True):
             for column, (_, scale) in TRAINING_SIGNALS.items():
-                table = g.pivot_table(index="run_id", columns="window", values=column, aggfunc="mean")  # [seeds, windows]
+                table = g.pivot_table(
+                    index="run_id", columns="window", values=column, aggfunc="mean"
+                )  # [seeds, windows]
                 table = table.loc[:, table.notna().all()]
                 if table.empty:
                     continue
                 summary = stats.seed_summary(scale * table.to_numpy())
                 for i, end in enumerate(table.columns):
-                    rows.append({"task": task, "label": label, "signal": column, "responses": int(end),
-                                 "mean": summary.mean[i], "min": summary.min[i], "max": summary.max[i],
-                                 "n_seeds": table.shape[0]})
+                    rows.append(
+                        {
+                            "task": task,
+                            "label": label,
+                            "signal": column,
+                            "responses": int(end),
+                            "mean": summary.mean[i],
+                            "min": summary.min[i],
+                            "max": summary.max[i],
+                            "n_seeds": table.shape[0],
+                        }
+                    )
     return pd.DataFrame(rows, columns=["task", "label", "signal", "responses", "mean", "min", "max", "n_seeds"])

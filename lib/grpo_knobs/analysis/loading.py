@@ -15,19 +15,46 @@ from grpo_knobs.analysis.constants import PHASES, SHAPE_COLUMNS, STUDY_RECIPE_NA
 from grpo_knobs.analysis.curves import _curve_endpoints, _test_endpoints, eval_curves
 from grpo_knobs.analysis.ordering import order_tasks
 
-
 EVAL_COLUMNS = (
-    "run_id", "split", "collections", "updates", "responses", "output_tokens", "active_seconds",
-    "job_seconds", "problem_id", "correct", "correct_strict", "response_length", "truncated",
+    "run_id",
+    "split",
+    "collections",
+    "updates",
+    "responses",
+    "output_tokens",
+    "active_seconds",
+    "job_seconds",
+    "problem_id",
+    "correct",
+    "correct_strict",
+    "response_length",
+    "truncated",
 )
 COLLECTION_COLUMNS = (
-    "collection", "responses", "updates", "prompts", "distinct_prompts", "reward_mean",
-    "mixed_group_fraction", "truncation_fraction", "response_length_mean", "response_length_max",
-    "output_tokens", "output_tokens_cum", "seconds", "active_seconds", "job_seconds",
+    "collection",
+    "responses",
+    "updates",
+    "prompts",
+    "distinct_prompts",
+    "reward_mean",
+    "mixed_group_fraction",
+    "truncation_fraction",
+    "response_length_mean",
+    "response_length_max",
+    "output_tokens",
+    "output_tokens_cum",
+    "seconds",
+    "active_seconds",
+    "job_seconds",
 )
 AUDIT_COLUMNS = ("problem_id", "response", "answer", "correct_strict", "correct_flexible")
 BENCHMARK_COLUMNS = (
-    "gpu", "model", "batch", "new_tokens", "eager_tokens_per_s", "fast_tokens_per_s",
+    "gpu",
+    "model",
+    "batch",
+    "new_tokens",
+    "eager_tokens_per_s",
+    "fast_tokens_per_s",
     "bandwidth_bound_tokens_per_s",
 )
 
@@ -92,12 +119,26 @@ def _run_config_row(meta: dict) -> dict:
     row = {
         "run_id": meta["run_id"],
         "study": meta.get("study", ""),
-        **{k: cfg.get(k) for k in ("task", "model", "engine", "phase", "arm", "seed", "lr",
-                                   "response_budget", "eval_every_responses", "max_new_tokens")},
+        **{
+            k: cfg.get(k)
+            for k in (
+                "task",
+                "model",
+                "engine",
+                "phase",
+                "arm",
+                "seed",
+                "lr",
+                "response_budget",
+                "eval_every_responses",
+                "max_new_tokens",
+            )
+        },
         **{k: cfg[k] for k in SHAPE_COLUMNS},
         "recipe": cfg.get("recipe") or "",
-        "responses_per_collection": plan.get("responses_per_collection",
-                                             cfg["rollout_batch_size"] * cfg["n_samples_per_prompt"]),
+        "responses_per_collection": plan.get(
+            "responses_per_collection", cfg["rollout_batch_size"] * cfg["n_samples_per_prompt"]
+        ),
         "prompts_exposed": plan.get("prompts_exposed"),
         "fast_rollout": cfg.get("fast_rollout"),
         "rollout_path": meta.get("rollout_path"),  # eager / fast / fused; absent from older records
@@ -175,8 +216,15 @@ def _run_totals(collections: pd.DataFrame, timings: dict) -> dict:
 
 
 # Files that mark a folder as a run directory (see docs/architecture.md).
-RUN_FILES = ("config.json", "state.json", "collections.jsonl", "evals.parquet", "timings.json",
-             "test.parquet", "10_train.ipynb")
+RUN_FILES = (
+    "config.json",
+    "state.json",
+    "collections.jsonl",
+    "evals.parquet",
+    "timings.json",
+    "test.parquet",
+    "10_train.ipynb",
+)
 
 
 def _is_run_folder(path: Path) -> bool:
@@ -271,10 +319,16 @@ def load_reward_audits(study_dir: str | Path) -> dict[str, pd.DataFrame]:
 
 
 _REFERENCE_RENAMES = {
-    "prompts": "rollout_batch_size", "group": "n_samples_per_prompt", "batch": "global_batch_size",
-    "steps": "num_steps_per_rollout", "samples": "responses", "training_seconds": "trainer_seconds",
-    "weight_sync_seconds": "sync_seconds", "distinct_training_prompts": "distinct_prompts",
-    "prompt_exposures": "prompts_exposed", "peak_allocated_gib": "peak_memory_gib",
+    "prompts": "rollout_batch_size",
+    "group": "n_samples_per_prompt",
+    "batch": "global_batch_size",
+    "steps": "num_steps_per_rollout",
+    "samples": "responses",
+    "training_seconds": "trainer_seconds",
+    "weight_sync_seconds": "sync_seconds",
+    "distinct_training_prompts": "distinct_prompts",
+    "prompt_exposures": "prompts_exposed",
+    "peak_allocated_gib": "peak_memory_gib",
 }
 _REFERENCE_PHASES = {"screen": "screening", "confirm": "confirmation", "lr-followup": "lr-followup"}
 

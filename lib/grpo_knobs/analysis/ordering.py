@@ -31,8 +31,9 @@ def recipe_order(runs: pd.DataFrame, task: str, selection: dict | None = None) -
     return labels
 
 
-def _sort_by_labels(table: pd.DataFrame, labels: Sequence[str] | None, keys: list[str],
-                    column: str = "recipe") -> pd.DataFrame:
+def _sort_by_labels(
+    table: pd.DataFrame, labels: Sequence[str] | None, keys: list[str], column: str = "recipe"
+) -> pd.DataFrame:
     """Sort ``table`` by ``keys``, with ``column`` in the given label order."""
     if labels is not None:
         rank = {label: i for i, label in enumerate(labels)}

@@ -16,18 +16,21 @@ import pandas as pd
 from grpo_knobs.analysis.constants import GROUP_ARMS, PHASES, SCREENING_QUESTIONS, SHAPE_COLUMNS
 from grpo_knobs.analysis.ordering import order_tasks
 
-
 TASK_FAMILIES = ("gsm8k", "countdown")
 
 # Knob letter -> ``runs`` column.
-KNOBS = {"P": "rollout_batch_size", "G": "n_samples_per_prompt", "B": "global_batch_size",
-         "S": "num_steps_per_rollout"}
+KNOBS = {
+    "P": "rollout_batch_size",
+    "G": "n_samples_per_prompt",
+    "B": "global_batch_size",
+    "S": "num_steps_per_rollout",
+}
 # Screening question -> (the knob that varies, the knobs held fixed). P x G = B x S, so
 # fixing two shape knobs and the varying one determines the fourth.
 QUESTION_KNOBS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "collection_size": ("P", ("G", "B", "lr")),   # more prompts per collection -> more updates S
-    "optimizer_batch": ("B", ("P", "G", "lr")),   # one collection split into fewer, larger updates
-    "group_size": ("G", ("B", "S", "lr")),        # same collection and updates, answers per prompt
+    "collection_size": ("P", ("G", "B", "lr")),  # more prompts per collection -> more updates S
+    "optimizer_batch": ("B", ("P", "G", "lr")),  # one collection split into fewer, larger updates
+    "group_size": ("G", ("B", "S", "lr")),  # same collection and updates, answers per prompt
 }
 # The critical-training-batch arms: B varies at a fixed G and learning rate.
 TRAINING_BATCH_KNOBS: tuple[str, tuple[str, ...]] = ("B", ("G", "lr"))
@@ -49,6 +52,7 @@ def match_targets(targets: Mapping[str, object], tasks: Iterable[str]) -> tuple[
     Returns ``({task: targets}, notes)``; a note says which tasks use their
     family's targets and which have none (their target tables are skipped).
     """
+
     def given(key: str | None) -> bool:
         value = targets.get(key) if key is not None else None
         return value is not None and not (isinstance(value, (list, tuple)) and len(value) == 0)
@@ -62,8 +66,10 @@ def match_targets(targets: Mapping[str, object], tasks: Iterable[str]) -> tuple[
             matched[task] = targets[family]
             notes.append(f"{task}: no targets under {task!r}; using the {family!r} family's {targets[family]}")
         else:
-            notes.append(f"{task}: no accuracy target given (targets has {sorted(targets) or 'no keys'}); "
-                         "skipping its target tables and lines")
+            notes.append(
+                f"{task}: no accuracy target given (targets has {sorted(targets) or 'no keys'}); "
+                "skipping its target tables and lines"
+            )
     return matched, notes
 
 
@@ -96,8 +102,9 @@ def phase_runs(runs: pd.DataFrame, phase: str) -> PhaseRuns:
     chosen_runs = runs[runs["phase"] == chosen]
     tasks = order_tasks(chosen_runs["task"].unique())
     notes = [note] if note else []
-    notes += [f"{task}: no {chosen!r} runs; skipping it" for task in order_tasks(runs["task"].unique())
-              if task not in tasks]
+    notes += [
+        f"{task}: no {chosen!r} runs; skipping it" for task in order_tasks(runs["task"].unique()) if task not in tasks
+    ]
     return PhaseRuns(chosen, chosen_runs, tasks, notes)
 
 
@@ -175,8 +182,15 @@ def _fixed_text(fixed: Mapping) -> str:
     return ", ".join(f"{k}={v:.2g}" if k == "lr" else f"{k}={int(v)}" for k, v in fixed.items())
 
 
-def _choose_arms(runs: pd.DataFrame, defaults: Sequence[str], vary: str, fixed: Sequence[str],
-                 what: str, default_title: str, derived_title) -> ArmSet:
+def _choose_arms(
+    runs: pd.DataFrame,
+    defaults: Sequence[str],
+    vary: str,
+    fixed: Sequence[str],
+    what: str,
+    default_title: str,
+    derived_title,
+) -> ArmSet:
     """The named ``defaults`` present in ``runs`` when at least two are, else arms derived by
     :func:`arms_varying`."""
     present = [a for a in defaults if a in set(runs["arm"])]
@@ -184,25 +198,36 @@ def _choose_arms(runs: pd.DataFrame, defaults: Sequence[str], vary: str, fixed: 
         return ArmSet(present, default_title, derived=False)
     arms, fixed_values = arms_varying(runs, vary, fixed)
     if not arms:
-        return ArmSet([], default_title, derived=False,
-                      note=(f"no {what}: fewer than two of {list(defaults)} and no runs that differ in {vary} "
-                            f"at a shared {', '.join(fixed)}"))
+        return ArmSet(
+            [],
+            default_title,
+            derived=False,
+            note=(
+                f"no {what}: fewer than two of {list(defaults)} and no runs that differ in {vary} "
+                f"at a shared {', '.join(fixed)}"
+            ),
+        )
     shapes = _arm_shapes(runs[runs["arm"].isin(arms)]).set_index("arm").loc[arms].reset_index()
     listing = ", ".join(f"{a} ({_shape(r)})" for a, r in zip(arms, shapes.to_dict("records")))
-    return ArmSet(arms, derived_title(fixed_values, shapes), derived=True,
-                  note=f"{what} derived from the runs ({vary} varies at {_fixed_text(fixed_values)}): {listing}")
+    return ArmSet(
+        arms,
+        derived_title(fixed_values, shapes),
+        derived=True,
+        note=f"{what} derived from the runs ({vary} varies at {_fixed_text(fixed_values)}): {listing}",
+    )
 
 
 def _span(shapes: pd.DataFrame) -> str:
-    """"P/G/B/S .. P/G/B/S" of the first and last arm."""
+    """ "P/G/B/S .. P/G/B/S" of the first and last arm."""
     first, last = shapes.iloc[0].to_dict(), shapes.iloc[-1].to_dict()
     return f"{_shape(first)} .. {_shape(last)}" if len(shapes) > 1 else _shape(first)
 
 
 _DERIVED_TITLES = {
     "collection_size": lambda f, s: f"Collection size at fixed B={int(f['B'])}, G={int(f['G'])} ({_span(s)})",
-    "optimizer_batch": lambda f, s: (f"Optimizer batch B inside a fixed {int(f['P'] * f['G'])}-response "
-                                     f"collection ({_span(s)})"),
+    "optimizer_batch": lambda f, s: (
+        f"Optimizer batch B inside a fixed {int(f['P'] * f['G'])}-response collection ({_span(s)})"
+    ),
     "group_size": lambda f, s: f"Group size G at fixed B={int(f['B'])}, S={int(f['S'])} ({_span(s)})",
 }
 
@@ -217,8 +242,15 @@ def screening_question_arms(runs: pd.DataFrame, slug: str, arms: Sequence[str] |
     """
     title, default_arms = SCREENING_QUESTIONS[slug]
     vary, fixed = QUESTION_KNOBS[slug]
-    return _choose_arms(runs, default_arms if arms is None else arms, vary, fixed,
-                        f"{slug.replace('_', ' ')} arms", title, _DERIVED_TITLES[slug])
+    return _choose_arms(
+        runs,
+        default_arms if arms is None else arms,
+        vary,
+        fixed,
+        f"{slug.replace('_', ' ')} arms",
+        title,
+        _DERIVED_TITLES[slug],
+    )
 
 
 def group_arms(runs: pd.DataFrame, arms: Sequence[str] = GROUP_ARMS) -> ArmSet:
@@ -231,12 +263,20 @@ def training_batch_arms(runs: pd.DataFrame, arms: Sequence[str] = TRAINING_BATCH
     """The critical-training-batch arms of one task's runs: ``arms`` if two exist, else one arm
     per optimizer batch B at a shared G and learning rate (the fewest updates per collection)."""
     vary, fixed = TRAINING_BATCH_KNOBS
-    return _choose_arms(runs, arms, vary, fixed, "training-batch arms", "Optimizer batch B",
-                        lambda f, s: f"Optimizer batch B at G={int(f['G'])} ({_span(s)})")
+    return _choose_arms(
+        runs,
+        arms,
+        vary,
+        fixed,
+        "training-batch arms",
+        "Optimizer batch B",
+        lambda f, s: f"Optimizer batch B at G={int(f['G'])} ({_span(s)})",
+    )
 
 
-def comparable_pairs(runs: pd.DataFrame, tests: pd.DataFrame, task: str,
-                     pairs: Sequence[tuple[str, str]]) -> tuple[list[tuple[str, str]], list[str]]:
+def comparable_pairs(
+    runs: pd.DataFrame, tests: pd.DataFrame, task: str, pairs: Sequence[tuple[str, str]]
+) -> tuple[list[tuple[str, str]], list[str]]:
     """The pairs :func:`paired_comparisons` can compare, and a note per pair it cannot
     (one note when the task has no test rows at all).
 
@@ -259,8 +299,9 @@ def comparable_pairs(runs: pd.DataFrame, tests: pd.DataFrame, task: str,
     return ok, notes
 
 
-def select_benchmark(bench: pd.DataFrame | None, runs: pd.DataFrame,
-                     gpu: str | None = None) -> tuple[pd.DataFrame | None, str | None]:
+def select_benchmark(
+    bench: pd.DataFrame | None, runs: pd.DataFrame, gpu: str | None = None
+) -> tuple[pd.DataFrame | None, str | None]:
     """The benchmark rows describing ``runs``: their model on their GPU.
 
     With ``gpu`` those rows are used as asked. Otherwise rows must match a
@@ -287,8 +328,10 @@ def select_benchmark(bench: pd.DataFrame | None, runs: pd.DataFrame,
         if rows.empty:
             return None, f"no benchmark rows for the runs' GPU ({', '.join(run_gpus)})"
     elif devices:
-        return None, (f"the runs ran on {', '.join(sorted(devices))}, not on a benchmarked GPU "
-                      f"({', '.join(sorted(set(bench['gpu'])))}); its throughput does not describe them")
+        return None, (
+            f"the runs ran on {', '.join(sorted(devices))}, not on a benchmarked GPU "
+            f"({', '.join(sorted(set(bench['gpu'])))}); its throughput does not describe them"
+        )
     return rows[rows["gpu"] == rows["gpu"].iloc[0]], None
 
 

@@ -34,13 +34,18 @@ def to_markdown(table: pd.DataFrame) -> str:
     """A GitHub pipe table of ``table`` as displayed (cells converted with ``str``)."""
     header = "| " + " | ".join(map(str, table.columns)) + " |"
     rule = "| " + " | ".join("---" for _ in table.columns) + " |"
-    body = ["| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |"
-            for row in table.itertuples(index=False)]
+    body = ["| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |" for row in table.itertuples(index=False)]
     return "\n".join([header, rule, *body]) + "\n"
 
 
-def write_table(table: pd.DataFrame, out_dir: str | Path, name: str, decimals: int = 2,
-                formats: Mapping[str, str] | None = None, note: str | None = None) -> list[Path]:
+def write_table(
+    table: pd.DataFrame,
+    out_dir: str | Path,
+    name: str,
+    decimals: int = 2,
+    formats: Mapping[str, str] | None = None,
+    note: str | None = None,
+) -> list[Path]:
     """Write ``name.csv`` (values, floats rounded to 6 places) and ``name.md`` (as :func:`format_frame`).
 
     ``note`` (e.g. :attr:`Study.note`) opens the Markdown file in bold, so a
@@ -52,8 +57,11 @@ def write_table(table: pd.DataFrame, out_dir: str | Path, name: str, decimals: i
     csv_path, md_path = out / f"{name}.csv", out / f"{name}.md"
     values = table.drop(columns=["result"], errors="ignore")
     # Sequence cells (per-seed values) as "a; b; c", rounded like the other floats.
-    csv_values = values.round(6).apply(lambda col: col.map(
-        lambda v: "; ".join(str(round(float(x), 6)) for x in v) if isinstance(v, (tuple, list)) else v))
+    csv_values = values.round(6).apply(
+        lambda col: col.map(
+            lambda v: "; ".join(str(round(float(x), 6)) for x in v) if isinstance(v, (tuple, list)) else v
+        )
+    )
     csv_values.to_csv(csv_path, index=False)
     header = f"**{note}**\n\n" if note else ""
     md_path.write_text(header + to_markdown(format_frame(values, decimals, formats)))

@@ -56,8 +56,9 @@ class RolloutEngine(ABC):
     """Generates responses for the trainer and receives its weights after each collection."""
 
     @abstractmethod
-    def generate(self, prompt_ids: list[list[int]], n: int, max_new_tokens: int, temperature: float,
-                 seed: int) -> Generation:
+    def generate(
+        self, prompt_ids: list[list[int]], n: int, max_new_tokens: int, temperature: float, seed: int
+    ) -> Generation:
         """Sample n responses per prompt at `temperature` (0 = greedy) with no top-k/top-p truncation."""
 
     @abstractmethod

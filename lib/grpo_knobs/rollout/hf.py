@@ -60,14 +60,26 @@ class StaticDecoder:
     The attended cache length grows in blocks, so early steps do not read the empty tail of the cache.
     """
 
-    def __init__(self, model, stop_ids, pad_id: int, use_graphs: bool, block: int = 64,
-                 prefill_bytes: int = 1 << 30,
-                 fused: bool = False, compact: bool = False, check_every: int = 16, min_rows: int = 16):
+    def __init__(
+        self,
+        model,
+        stop_ids,
+        pad_id: int,
+        use_graphs: bool,
+        block: int = 64,
+        prefill_bytes: int = 1 << 30,
+        fused: bool = False,
+        compact: bool = False,
+        check_every: int = 16,
+        min_rows: int = 16,
+    ):
         cfg = model.config
         layer_types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
         if cfg.model_type not in FAST_MODEL_TYPES or layer_types != {"full_attention"}:
-            raise ValueError(f"the static decoder supports full-attention {', '.join(FAST_MODEL_TYPES)} models, "
-                             f"not {cfg.model_type!r} (layer types {sorted(layer_types)}); use fast=False")
+            raise ValueError(
+                f"the static decoder supports full-attention {', '.join(FAST_MODEL_TYPES)} models, "
+                f"not {cfg.model_type!r} (layer types {sorted(layer_types)}); use fast=False"
+            )
         self.model, self.backbone = model, model.model
         self.layers = list(model.model.layers)
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -85,9 +97,11 @@ class StaticDecoder:
             from . import kernels  # noqa: F401  (fails here, with its reason, rather than mid-generation)
 
             if self.weight.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-                raise ValueError("fast='fused' on a CPU model runs only in Triton's interpreter, and this process "
-                                 "compiles Triton for its GPU: move the model to the GPU, set TRITON_INTERPRET=1 "
-                                 "before anything imports triton, or use fast=True")
+                raise ValueError(
+                    "fast='fused' on a CPU model runs only in Triton's interpreter, and this process "
+                    "compiles Triton for its GPU: move the model to the GPU, set TRITON_INTERPRET=1 "
+                    "before anything imports triton, or use fast=True"
+                )
         # compact: every check_every steps (one host sync), once at most half the rows are still
         # decoding, move them to the front and continue at the next power-of-two width (>= min_rows)
         self.compact, self.check_every, self.min_rows = compact, check_every, min_rows
@@ -169,8 +183,15 @@ class StaticDecoder:
         if self.fused is not None:  # one pass over the logits instead of several float32 copies
             from .kernels import sample
 
-            tok, lp = sample(logits, self.inv_temp, self.noise_seed, self.step, greedy,
-                             logits.new_empty(B, dtype=torch.long), logits.new_empty(B, dtype=torch.float32))
+            tok, lp = sample(
+                logits,
+                self.inv_temp,
+                self.noise_seed,
+                self.step,
+                greedy,
+                logits.new_empty(B, dtype=torch.long),
+                logits.new_empty(B, dtype=torch.float32),
+            )
         else:
             tok, lp = sample_tokens(logits, self.inv_temp, greedy)  # [B], [B]
         done = self.done[:B]
@@ -279,8 +300,12 @@ class StaticDecoder:
         self.valid[:B].zero_()
         self.valid[:B, :P] = mask
         pos = (mask.long().cumsum(-1) - 1).clamp_min(0)  # [B, P] positions restart after left padding
-        hidden = torch.cat([self._forward(ids[r:r + chunk], pos[r:r + chunk], self.arange[:P], P, r, min(r + chunk, B))
-                            for r in range(0, B, chunk)])  # [B, H]
+        hidden = torch.cat(
+            [
+                self._forward(ids[r : r + chunk], pos[r : r + chunk], self.arange[:P], P, r, min(r + chunk, B))
+                for r in range(0, B, chunk)
+            ]
+        )  # [B, H]
         self._emit(hidden, B, greedy)
         self.pos[:B] = mask.sum(-1)
         self.slot.fill_(P)
@@ -339,7 +364,7 @@ class StaticDecoder:
             t[:narrower] = t.index_select(0, sel)
         for layer in range(self.kv.shape[0]):  # one layer at a time bounds the temporary copy
             self.kv[layer, :, :narrower] = self.kv[layer].index_select(1, sel)
-        self.done[keep.numel():narrower] = True
+        self.done[keep.numel() : narrower] = True
         return torch.cat([origin[keep], origin.new_full((narrower - keep.numel(),), -1)])  # [narrower]
 
 
@@ -366,14 +391,19 @@ class _FusedWeights:
         rope_type = rope.get("rope_type", rope.get("type"))
         if rope_type in ("dynamic", "longrope"):  # positions are read from a fixed table
             problems.append(f"{rope_type} rotary scaling")
-        if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")) or not hasattr(norm, "variance_epsilon"):
+        if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")) or not hasattr(
+            norm, "variance_epsilon"
+        ):
             problems.append("a non-llama MLP or norm")
         if problems:
             raise ValueError(f"the fused decode step does not support {', '.join(problems)}; use fast=True")
         self.layers = layers
         self.eps = float(norm.variance_epsilon)
-        # [in_0, post_0, in_1, post_1, ..., final]: entry 2i+1 is layer i's post-attention norm, 2i+2 the next input norm
-        self.norms = [w for layer in layers for w in (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)]
+        # [in_0, post_0, in_1, post_1, ..., final]: entry 2i+1 is layer i's post-attention norm,
+        # 2i+2 the next input norm
+        self.norms = [
+            w for layer in layers for w in (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+        ]
         self.norms.append(model.model.norm.weight)
         self.wqkv = [self._qkv_weight(layer) for layer in layers]  # [(Hq + 2 Hkv) * D, H] each
         self.bqkv = [self._qkv_bias(layer) for layer in layers]  # [(Hq + 2 Hkv) * D] or None
@@ -430,8 +460,9 @@ class _LogprobRecorder(LogitsProcessor):
 @contextmanager
 def _seeded(seed: int, device: torch.device):
     """Seed torch for one call without disturbing the caller's random state."""
-    devices = [device.index if device.index is not None else torch.cuda.current_device()] \
-        if device.type == "cuda" else []
+    devices = (
+        [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    )
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         yield
@@ -451,8 +482,16 @@ class HFEngine(RolloutEngine):
     return_logprobs: defaults to True on CUDA and False on CPU, where generate's recorder costs time.
     """
 
-    def __init__(self, model, tokenizer, device=None, max_batch_size: int = 512, fast="auto",
-                 return_logprobs: bool | None = None, compact: bool | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        device=None,
+        max_batch_size: int = 512,
+        fast="auto",
+        return_logprobs: bool | None = None,
+        compact: bool | None = None,
+    ):
         device = torch.device(device) if device is not None else next(model.parameters()).device
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         engine_model = copy.deepcopy(model)
@@ -471,16 +510,26 @@ class HFEngine(RolloutEngine):
             raise ValueError(f"fast must be True, False, 'auto' or 'fused', got {fast!r}")
         self.decoder = None
         # "auto" on CUDA tries the fused step, then the plain static decoder, then generate
-        tries = {True: [False], "fused": [True], False: [], "auto": [True, False] if device.type == "cuda" else []}[fast]
+        tries = {True: [False], "fused": [True], False: [], "auto": [True, False] if device.type == "cuda" else []}[
+            fast
+        ]
         for fused in tries:
             try:
-                self.decoder = StaticDecoder(self.model, self.stop_ids, self.pad_id, use_graphs=device.type == "cuda",
-                                             fused=fused, compact=fused if compact is None else compact)
+                self.decoder = StaticDecoder(
+                    self.model,
+                    self.stop_ids,
+                    self.pad_id,
+                    use_graphs=device.type == "cuda",
+                    fused=fused,
+                    compact=fused if compact is None else compact,
+                )
                 break
             except (ValueError, ImportError) as e:
                 if fast != "auto":
                     raise
-                warnings.warn(f"HFEngine falls back to {'the unfused static decoder' if fused else 'eager generate'}: {e}")
+                warnings.warn(
+                    f"HFEngine falls back to {'the unfused static decoder' if fused else 'eager generate'}: {e}"
+                )
         self.fast = self.decoder is not None
         # which decode path runs: "fused", "fast" (static decoder) or "eager" (model.generate); run records keep it
         self.path = "eager" if self.decoder is None else "fused" if self.decoder.fused is not None else "fast"
@@ -491,8 +540,10 @@ class HFEngine(RolloutEngine):
         own = self.model.state_dict()
         unexpected, missing = set(state_dict) - set(own), set(own) - set(state_dict)
         if unexpected or missing:
-            raise KeyError(f"state_dict does not match the engine's model: unexpected {sorted(unexpected)[:5]}, "
-                           f"missing {sorted(missing)[:5]}")
+            raise KeyError(
+                f"state_dict does not match the engine's model: unexpected {sorted(unexpected)[:5]}, "
+                f"missing {sorted(missing)[:5]}"
+            )
         for name, value in state_dict.items():
             own[name].copy_(value, non_blocking=True)
         if self.decoder is not None:
@@ -505,8 +556,8 @@ class HFEngine(RolloutEngine):
         ids = torch.full((batch, width), self.pad_id, dtype=torch.long)  # [B, P]
         mask = torch.zeros((batch, width), dtype=torch.bool)  # [B, P]
         for i, r in enumerate(rows):
-            ids[i, width - len(r):] = torch.tensor(r)
-            mask[i, width - len(r):] = True
+            ids[i, width - len(r) :] = torch.tensor(r)
+            mask[i, width - len(r) :] = True
         return ids.to(self.device), mask.to(self.device)
 
     def _bucket(self, n: int) -> int:
@@ -517,22 +568,31 @@ class HFEngine(RolloutEngine):
 
     def _eager_chunk(self, rows, max_new_tokens, temperature, ignore_eos):
         ids, mask = self._pad(rows, len(rows))
-        kwargs = dict(max_new_tokens=max_new_tokens, do_sample=temperature > 0, eos_token_id=sorted(self.stop_ids),
-                      pad_token_id=self.pad_id)
+        kwargs = dict(
+            max_new_tokens=max_new_tokens,
+            do_sample=temperature > 0,
+            eos_token_id=sorted(self.stop_ids),
+            pad_token_id=self.pad_id,
+        )
         if temperature > 0:
             kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
         if ignore_eos:
             kwargs["min_new_tokens"] = max_new_tokens
         recorder = _LogprobRecorder(temperature) if self.return_logprobs else None
-        out = self.model.generate(input_ids=ids, attention_mask=mask.long(),
-                                  logits_processor=LogitsProcessorList([recorder] if recorder else []), **kwargs)
-        response = out[:, ids.shape[1]:]  # [B, steps]; finished rows are padded with pad (== EOS for SmolLM2)
+        out = self.model.generate(
+            input_ids=ids,
+            attention_mask=mask.long(),
+            logits_processor=LogitsProcessorList([recorder] if recorder else []),
+            **kwargs,
+        )
+        response = out[:, ids.shape[1] :]  # [B, steps]; finished rows are padded with pad (== EOS for SmolLM2)
         logprobs = recorder.finish(response).cpu() if recorder else None
         return response.cpu(), logprobs
 
     @torch.no_grad()
-    def generate(self, prompt_ids, n: int, max_new_tokens: int, temperature: float, seed: int,
-                 ignore_eos: bool = False) -> Generation:
+    def generate(
+        self, prompt_ids, n: int, max_new_tokens: int, temperature: float, seed: int, ignore_eos: bool = False
+    ) -> Generation:
         """ignore_eos runs exactly max_new_tokens steps (benchmarks); responses are then still cut at EOS."""
         if max_new_tokens < 1 or temperature < 0:
             raise ValueError(f"need max_new_tokens >= 1 and temperature >= 0, got {max_new_tokens}, {temperature}")
@@ -540,11 +600,12 @@ class HFEngine(RolloutEngine):
         token_ids, finish, logprobs = [], [], [] if self.return_logprobs else None
         with _seeded(seed, self.device):
             for c, start in enumerate(range(0, len(rows), self.max_batch_size)):
-                chunk = rows[start:start + self.max_batch_size]
+                chunk = rows[start : start + self.max_batch_size]
                 if self.fast:
                     ids, mask = self._pad(chunk, self._bucket(len(chunk)))
-                    tokens, lps = self.decoder.run(ids, mask, len(chunk), max_new_tokens, temperature,
-                                                   seed + 7919 * c, ignore_eos)
+                    tokens, lps = self.decoder.run(
+                        ids, mask, len(chunk), max_new_tokens, temperature, seed + 7919 * c, ignore_eos
+                    )
                 else:
                     torch.manual_seed(seed + 7919 * c)
                     tokens, lps = self._eager_chunk(chunk, max_new_tokens, temperature, ignore_eos)
@@ -553,7 +614,8 @@ class HFEngine(RolloutEngine):
                     token_ids.append(kept)
                     finish.append(reason)
                     if logprobs is not None:
-                        logprobs.append(lps[i, :len(kept)].tolist())
+                        logprobs.append(lps[i, : len(kept)].tolist())
         texts = self.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
-        return Generation(prompt_index=prompt_index, token_ids=token_ids, texts=texts, finish_reasons=finish,
-                          logprobs=logprobs)
+        return Generation(
+            prompt_index=prompt_index, token_ids=token_ids, texts=texts, finish_reasons=finish, logprobs=logprobs
+        )

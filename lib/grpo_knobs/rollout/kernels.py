@@ -28,9 +28,11 @@ import torch
 if not torch.cuda.is_available():
     # Triton picks compiled or interpreted kernels when it is first imported.
     if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("the fused decode kernels need a GPU, or Triton's interpreter on CPU: set "
-                           "TRITON_INTERPRET=1 before anything imports triton (tests/conftest.py does), "
-                           "or use fast=True, which runs the same decoder without these kernels.")
+        raise RuntimeError(
+            "the fused decode kernels need a GPU, or Triton's interpreter on CPU: set "
+            "TRITON_INTERPRET=1 before anything imports triton (tests/conftest.py does), "
+            "or use fast=True, which runs the same decoder without these kernels."
+        )
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import triton  # noqa: E402
@@ -38,8 +40,7 @@ import triton.language as tl  # noqa: E402
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, delta_ptr, w_ptr, h_ptr, n_cols, eps,
-                         HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+def _add_rms_norm_kernel(x_ptr, delta_ptr, w_ptr, h_ptr, n_cols, eps, HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -55,20 +56,44 @@ def _add_rms_norm_kernel(x_ptr, delta_ptr, w_ptr, h_ptr, n_cols, eps,
     tl.store(h_ptr + row * n_cols + cols, (normed * w).to(h_ptr.dtype.element_ty), mask=mask)
 
 
-def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                 out: torch.Tensor) -> torch.Tensor:
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float, out: torch.Tensor
+) -> torch.Tensor:
     """x += delta (in place, when given); out = RMSNorm(x) * weight. x, delta, out: [B, H] contiguous."""
     rows, cols = x.shape
-    _add_rms_norm_kernel[(rows,)](x, delta if delta is not None else x, weight, out, cols, eps,
-                                  HAS_DELTA=delta is not None, BLOCK=triton.next_power_of_2(cols))
+    _add_rms_norm_kernel[(rows,)](
+        x,
+        delta if delta is not None else x,
+        weight,
+        out,
+        cols,
+        eps,
+        HAS_DELTA=delta is not None,
+        BLOCK=triton.next_power_of_2(cols),
+    )
     return out
 
 
 @triton.jit
-def _rotary_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr, slot_ptr,
-                         stride_row, stride_head, stride_slot,
-                         N_Q: tl.constexpr, N_KV: tl.constexpr, QK_PAD: tl.constexpr, KV_PAD: tl.constexpr,
-                         D: tl.constexpr, HALF: tl.constexpr):
+def _rotary_cache_kernel(
+    qkv_ptr,
+    cos_ptr,
+    sin_ptr,
+    pos_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    slot_ptr,
+    stride_row,
+    stride_head,
+    stride_slot,
+    N_Q: tl.constexpr,
+    N_KV: tl.constexpr,
+    QK_PAD: tl.constexpr,
+    KV_PAD: tl.constexpr,
+    D: tl.constexpr,
+    HALF: tl.constexpr,
+):
     # One program per row, all heads at once: a [heads, D] tile instead of a program per head,
     # which left each program a few dozen elements and made the launch cost most of the time.
     b = tl.program_id(0)
@@ -98,13 +123,23 @@ def _rotary_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr
     hv = tl.arange(0, KV_PAD)[:, None]  # value heads: copied into the cache unchanged
     full = tl.arange(0, D)[None, :]
     v = tl.load(src + (N_Q + N_KV + hv) * D + full, mask=hv < N_KV, other=0.0)  # [KV_PAD, D]
-    tl.store(v_ptr + b * stride_row + hv * stride_head + slot * stride_slot + full, v.to(v_ptr.dtype.element_ty),
-             mask=hv < N_KV)
+    tl.store(
+        v_ptr + b * stride_row + hv * stride_head + slot * stride_slot + full,
+        v.to(v_ptr.dtype.element_ty),
+        mask=hv < N_KV,
+    )
 
 
-def rotary_cache_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
-                       q_out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                       slot: torch.Tensor) -> torch.Tensor:
+def rotary_cache_write(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    pos: torch.Tensor,
+    q_out: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot: torch.Tensor,
+) -> torch.Tensor:
     """Rotate q and k of one decode token and write k, v into cache slot ``slot``.
 
     qkv: [B, (Hq + 2 Hkv) * D]; cos, sin: [positions, D] tables, read at row b's position pos[b];
@@ -115,18 +150,49 @@ def rotary_cache_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, 
     n_kv = k_cache.shape[1]
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
     assert cos.is_contiguous() and sin.is_contiguous() and cos.shape[-1] == D
-    _rotary_cache_kernel[(B,)](qkv, cos, sin, pos, q_out, k_cache, v_cache, slot,
-                               k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                               N_Q=n_q, N_KV=n_kv, QK_PAD=triton.next_power_of_2(n_q + n_kv),
-                               KV_PAD=triton.next_power_of_2(n_kv), D=D, HALF=D // 2, num_warps=2)
+    _rotary_cache_kernel[(B,)](
+        qkv,
+        cos,
+        sin,
+        pos,
+        q_out,
+        k_cache,
+        v_cache,
+        slot,
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        N_Q=n_q,
+        N_KV=n_kv,
+        QK_PAD=triton.next_power_of_2(n_q + n_kv),
+        KV_PAD=triton.next_power_of_2(n_kv),
+        D=D,
+        HALF=D // 2,
+        num_warps=2,
+    )
     return q_out
 
 
 @triton.jit
-def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, valid_ptr, o_ptr, scale,
-                             stride_row, stride_head, stride_slot, stride_valid, n_q, KV_LEN: tl.constexpr,
-                             G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_K: tl.constexpr,
-                             PRECISION: tl.constexpr):
+def _decode_attention_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    valid_ptr,
+    o_ptr,
+    scale,
+    stride_row,
+    stride_head,
+    stride_slot,
+    stride_valid,
+    n_q,
+    KV_LEN: tl.constexpr,
+    G: tl.constexpr,
+    G_PAD: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     b = tl.program_id(0)
     j = tl.program_id(1)  # KV head; it serves query heads j*G .. j*G + G - 1
     g = tl.arange(0, G_PAD)
@@ -134,8 +200,9 @@ def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, valid_ptr, o_ptr, scale,
     # The G query heads of one KV head form the rows of a [G_PAD, D] tile, padded to the 16 rows a
     # tensor-core product needs, so both products below are tl.dot: MMA instructions with their
     # accumulators in registers, rather than broadcast [G, K, D] products that spill.
-    q = tl.load(q_ptr + (b * n_q + j * G + g[:, None]) * D + d[None, :],
-                mask=(g < G)[:, None], other=0.0)  # [G_PAD, D], storage dtype
+    q = tl.load(
+        q_ptr + (b * n_q + j * G + g[:, None]) * D + d[None, :], mask=(g < G)[:, None], other=0.0
+    )  # [G_PAD, D], storage dtype
     m_i = tl.full([G_PAD], -1.0e30, tl.float32)  # running max (finite: a fully masked block stays harmless)
     l_i = tl.zeros([G_PAD], tl.float32)  # running softmax denominator
     acc = tl.zeros([G_PAD, D], tl.float32)
@@ -156,13 +223,23 @@ def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, valid_ptr, o_ptr, scale,
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
     out = acc / l_i[:, None]
-    tl.store(o_ptr + (b * n_q + j * G + g[:, None]) * D + d[None, :], out.to(o_ptr.dtype.element_ty),
-             mask=(g < G)[:, None])
+    tl.store(
+        o_ptr + (b * n_q + j * G + g[:, None]) * D + d[None, :], out.to(o_ptr.dtype.element_ty), mask=(g < G)[:, None]
+    )
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, valid: torch.Tensor,
-                     kv_len: int, scale: float, out: torch.Tensor, block_k: int = 32, num_warps: int | None = None,
-                     num_stages: int = 2) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    valid: torch.Tensor,
+    kv_len: int,
+    scale: float,
+    out: torch.Tensor,
+    block_k: int = 32,
+    num_warps: int | None = None,
+    num_stages: int = 2,
+) -> torch.Tensor:
     """Grouped-query attention of one decode token over cache slots < kv_len whose ``valid`` is set.
 
     q: [B, Hq, D]; k_cache, v_cache: [rows >= B, Hkv, C, D]; valid: [rows, C] bool;
@@ -178,11 +255,27 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     # captured in its own graph, so each compiles once. Launch shape: the fastest of a sweep on an
     # H200 at SmolLM2-135M's shapes (benchmarks/decode_kernels.py): one warp per 64-wide head and
     # 32-slot blocks, double-buffered, read the cache closest to bandwidth.
-    _decode_attention_kernel[(B, n_kv)](q, k_cache, v_cache, valid, out, scale,
-                                        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), valid.stride(0),
-                                        n_q, KV_LEN=kv_len, G=G, G_PAD=max(triton.next_power_of_2(G), 16), D=D,
-                                        BLOCK_K=block_k, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                                        num_warps=num_warps or max(1, D // 64), num_stages=num_stages)
+    _decode_attention_kernel[(B, n_kv)](
+        q,
+        k_cache,
+        v_cache,
+        valid,
+        out,
+        scale,
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        valid.stride(0),
+        n_q,
+        KV_LEN=kv_len,
+        G=G,
+        G_PAD=max(triton.next_power_of_2(G), 16),
+        D=D,
+        BLOCK_K=block_k,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=num_warps or max(1, D // 64),
+        num_stages=num_stages,
+    )
     return out
 
 
@@ -223,8 +316,19 @@ def _race_tile(row_ptr, start, j, inv_t, u, m, s, key, idx, z, V: tl.constexpr, 
 
 
 @triton.jit
-def _sample_partial_kernel(logits_ptr, inv_temp_ptr, seed_ptr, step_ptr, part_ptr, part_idx_ptr, stride_row,
-                           V: tl.constexpr, N_BLOCKS: tl.constexpr, GREEDY: tl.constexpr, QUARTER: tl.constexpr):
+def _sample_partial_kernel(
+    logits_ptr,
+    inv_temp_ptr,
+    seed_ptr,
+    step_ptr,
+    part_ptr,
+    part_idx_ptr,
+    stride_row,
+    V: tl.constexpr,
+    N_BLOCKS: tl.constexpr,
+    GREEDY: tl.constexpr,
+    QUARTER: tl.constexpr,
+):
     # Program (row, blk) races columns blk * 4Q .. blk * 4Q + 4Q - 1 as four quarter tiles. Splitting
     # each row over many programs keeps every SM busy, and one Philox evaluation (rand4x) gives all
     # four quarters their uniforms.
@@ -280,8 +384,16 @@ def _sample_combine_kernel(part_ptr, part_idx_ptr, tok_ptr, lp_ptr, N_BLOCKS: tl
     tl.store(lp_ptr + row, tl.sum(tl.where(k == best, z, 0.0), axis=0) - m_max - tl.log(total))
 
 
-def sample(logits: torch.Tensor, inv_temperature: torch.Tensor, seed: torch.Tensor, step: torch.Tensor,
-           greedy: bool, tokens: torch.Tensor, logprobs: torch.Tensor, block: int | None = None):
+def sample(
+    logits: torch.Tensor,
+    inv_temperature: torch.Tensor,
+    seed: torch.Tensor,
+    step: torch.Tensor,
+    greedy: bool,
+    tokens: torch.Tensor,
+    logprobs: torch.Tensor,
+    block: int | None = None,
+):
     """One token per row from softmax(logits * inv_temperature), and its log-prob, in one pass over the logits.
 
     logits: [B, V] (any float dtype; read once, math in float32); inv_temperature, seed, step: [1] on the
@@ -301,8 +413,20 @@ def sample(logits: torch.Tensor, inv_temperature: torch.Tensor, seed: torch.Tens
     part_idx = torch.empty(B, n_blocks, dtype=torch.int32, device=logits.device)  # [B, N] each block's winner
     # V is a compile-time constant (one vocabulary per model): Triton's interpreter, which the CPU
     # tests use, cannot loop to a runtime bound.
-    _sample_partial_kernel[(B, n_blocks)](logits, inv_temperature, seed, step, part, part_idx, logits.stride(0),
-                                          V=V, N_BLOCKS=n_blocks, GREEDY=greedy, QUARTER=quarter)
-    _sample_combine_kernel[(B,)](part, part_idx, tokens, logprobs, N_BLOCKS=n_blocks,
-                                 BLOCKS_PAD=triton.next_power_of_2(n_blocks))
+    _sample_partial_kernel[(B, n_blocks)](
+        logits,
+        inv_temperature,
+        seed,
+        step,
+        part,
+        part_idx,
+        logits.stride(0),
+        V=V,
+        N_BLOCKS=n_blocks,
+        GREEDY=greedy,
+        QUARTER=quarter,
+    )
+    _sample_combine_kernel[(B,)](
+        part, part_idx, tokens, logprobs, N_BLOCKS=n_blocks, BLOCKS_PAD=triton.next_power_of_2(n_blocks)
+    )
     return tokens, logprobs

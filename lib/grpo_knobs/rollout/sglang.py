@@ -52,9 +52,18 @@ from .base import Generation, RolloutEngine, cut_at_stop, repeat_prompts
 # The SGLang releases whose launch flags and HTTP shapes this client was checked against (README, "SGLang").
 SGLANG_TESTED = ">=0.5.20,<=0.5.23"
 # Flags `launch_command` sets from the settings; extra arguments may not repeat them.
-OWN_FLAGS = ("--model-path", "--host", "--port", "--mem-fraction-static", "--max-running-requests",
-             "--cuda-graph-max-bs-decode", "--base-gpu-id", "--random-seed", "--weight-version",
-             "--enable-deterministic-inference")
+OWN_FLAGS = (
+    "--model-path",
+    "--host",
+    "--port",
+    "--mem-fraction-static",
+    "--max-running-requests",
+    "--cuda-graph-max-bs-decode",
+    "--base-gpu-id",
+    "--random-seed",
+    "--weight-version",
+    "--enable-deterministic-inference",
+)
 RETRY_STATUS = (502, 503, 504)  # SGLang answers 503 when its queue is full or a request timed out
 
 
@@ -82,22 +91,40 @@ def split_server_args(extra: str | list[str] | tuple[str, ...]) -> tuple[str, ..
     try:
         args = tuple(shlex.split(extra)) if isinstance(extra, str) else tuple(map(str, extra))
     except ValueError as e:
-        raise ValueError(f"sglang_server_args {extra!r} is not a shell-quoted list of flags ({e}); "
-                         f"balance its quotes.") from None
+        raise ValueError(
+            f"sglang_server_args {extra!r} is not a shell-quoted list of flags ({e}); balance its quotes."
+        ) from None
     for arg in args:
         flag = arg.split("=", 1)[0]
         if flag in OWN_FLAGS:
-            raise ValueError(f"sglang_server_args repeats {flag}, which the engine sets; use its RunConfig field "
-                             f"instead (sglang_mem_fraction, sglang_base_gpu_id, seed, sglang_deterministic, ...).")
+            raise ValueError(
+                f"sglang_server_args repeats {flag}, which the engine sets; use its RunConfig field "
+                f"instead (sglang_mem_fraction, sglang_base_gpu_id, seed, sglang_deterministic, ...)."
+            )
     return args
 
 
 def launch_command(s: ServerSettings) -> list[str]:
     """The argv that starts the server: the one place its flags are spelled."""
-    cmd = [s.python or sys.executable, "-m", s.module, "--model-path", str(s.model_path), "--host", s.host, "--port", str(s.port),
-           "--mem-fraction-static", str(s.mem_fraction), "--max-running-requests", str(s.max_running_requests),
-           "--cuda-graph-max-bs-decode", str(s.cuda_graph_max_bs or s.max_running_requests),
-           "--weight-version", s.weight_version]
+    cmd = [
+        s.python or sys.executable,
+        "-m",
+        s.module,
+        "--model-path",
+        str(s.model_path),
+        "--host",
+        s.host,
+        "--port",
+        str(s.port),
+        "--mem-fraction-static",
+        str(s.mem_fraction),
+        "--max-running-requests",
+        str(s.max_running_requests),
+        "--cuda-graph-max-bs-decode",
+        str(s.cuda_graph_max_bs or s.max_running_requests),
+        "--weight-version",
+        s.weight_version,
+    ]
     if s.base_gpu_id is not None:
         cmd += ["--base-gpu-id", str(s.base_gpu_id)]
     if s.random_seed is not None:
@@ -132,13 +159,23 @@ class RetryPolicy:
 
 def engine_options(cfg) -> dict:
     """SGLangEngine keyword arguments from a RunConfig's `sglang_*` fields, its seed and concurrency cap."""
-    server = ServerSettings(mem_fraction=cfg.sglang_mem_fraction, max_running_requests=cfg.max_concurrent_sequences,
-                            base_gpu_id=cfg.sglang_base_gpu_id, random_seed=cfg.seed,
-                            deterministic=cfg.sglang_deterministic,
-                            extra_args=split_server_args(cfg.sglang_server_args), python=cfg.sglang_python)
+    server = ServerSettings(
+        mem_fraction=cfg.sglang_mem_fraction,
+        max_running_requests=cfg.max_concurrent_sequences,
+        base_gpu_id=cfg.sglang_base_gpu_id,
+        random_seed=cfg.seed,
+        deterministic=cfg.sglang_deterministic,
+        extra_args=split_server_args(cfg.sglang_server_args),
+        python=cfg.sglang_python,
+    )
     retry = RetryPolicy(max_retries=cfg.sglang_max_retries, max_restarts=cfg.sglang_max_restarts)
-    return {"url": cfg.engine_url, "server": server, "retry": retry, "request_timeout": cfg.sglang_request_timeout,
-            "startup_timeout": cfg.sglang_startup_timeout}
+    return {
+        "url": cfg.engine_url,
+        "server": server,
+        "retry": retry,
+        "request_timeout": cfg.sglang_request_timeout,
+        "startup_timeout": cfg.sglang_startup_timeout,
+    }
 
 
 class TransientError(RuntimeError):
@@ -183,10 +220,22 @@ class SGLangEngine(RolloutEngine):
     tokens; at temperature 1 (the study's) they are the sampling distribution's.
     """
 
-    def __init__(self, model_path, url: str | None = None, launch: bool = True, tokenizer=None, *,
-                 server: ServerSettings | None = None, retry: RetryPolicy | None = None, trainer_device=None,
-                 startup_timeout: float = 900.0, request_timeout: float = 3600.0, send_seed: bool = True,
-                 dtype=torch.bfloat16, log_path=None):
+    def __init__(
+        self,
+        model_path,
+        url: str | None = None,
+        launch: bool = True,
+        tokenizer=None,
+        *,
+        server: ServerSettings | None = None,
+        retry: RetryPolicy | None = None,
+        trainer_device=None,
+        startup_timeout: float = 900.0,
+        request_timeout: float = 3600.0,
+        send_seed: bool = True,
+        dtype=torch.bfloat16,
+        log_path=None,
+    ):
         self.model_path = str(model_path)
         self.retry = retry or RetryPolicy()
         self.request_timeout, self.startup_timeout = request_timeout, startup_timeout
@@ -247,8 +296,10 @@ class SGLangEngine(RolloutEngine):
         except OSError as e:
             self.log.close()
             self.log = None
-            raise ValueError(f"cannot start the SGLang server with {cmd[0]} ({e.strerror}); set sglang_python to "
-                             f"the Python of an environment where SGLang is installed") from None
+            raise ValueError(
+                f"cannot start the SGLang server with {cmd[0]} ({e.strerror}); set sglang_python to "
+                f"the Python of an environment where SGLang is installed"
+            ) from None
 
     def _stop(self) -> None:
         if self.proc is None:
@@ -272,12 +323,16 @@ class SGLangEngine(RolloutEngine):
             return
         code = self.proc.returncode
         if self.restarts >= self.retry.max_restarts:
-            raise RuntimeError(f"SGLang server exited with code {code} after {self.restarts} restart(s); see "
-                               f"{self.log_path}, or raise sglang_max_restarts{self._log_tail()}")
+            raise RuntimeError(
+                f"SGLang server exited with code {code} after {self.restarts} restart(s); see "
+                f"{self.log_path}, or raise sglang_max_restarts{self._log_tail()}"
+            )
         self._stop()  # reaps workers the dead server left behind, which may still hold GPU memory
         self.restarts += 1
-        print(f"SGLang server exited with code {code}; restart {self.restarts}/{self.retry.max_restarts}",
-              file=sys.stderr)
+        print(
+            f"SGLang server exited with code {code}; restart {self.restarts}/{self.retry.max_restarts}",
+            file=sys.stderr,
+        )
         latest = str(self.weights_dir) if self.updates else self.model_path
         self._start(dataclasses.replace(self.server, model_path=latest, weight_version=self.weight_version))
         self._wait_healthy(self.startup_timeout)
@@ -293,9 +348,11 @@ class SGLangEngine(RolloutEngine):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"SGLang server exited with code {self.proc.returncode} before becoming healthy; "
-                                   f"its log {self.log_path} says why (no SGLang for {self.proc.args[0]}? set "
-                                   f"sglang_python){self._log_tail()}")
+                raise RuntimeError(
+                    f"SGLang server exited with code {self.proc.returncode} before becoming healthy; "
+                    f"its log {self.log_path} says why (no SGLang for {self.proc.args[0]}? set "
+                    f"sglang_python){self._log_tail()}"
+                )
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
                     if resp.status == 200:
@@ -304,14 +361,20 @@ class SGLangEngine(RolloutEngine):
                 pass  # 503 while starting, or not listening yet
             time.sleep(0.2 if self.proc is None else 1.0)
         self.close()
-        raise TimeoutError(f"SGLang server at {self.url} not healthy after {timeout:.0f} s; raise "
-                           f"sglang_startup_timeout or check the server{self._log_tail()}")
+        raise TimeoutError(
+            f"SGLang server at {self.url} not healthy after {timeout:.0f} s; raise "
+            f"sglang_startup_timeout or check the server{self._log_tail()}"
+        )
 
     # -- HTTP ------------------------------------------------------------------------------------
     def _post(self, path: str, payload) -> tuple[int, object]:
         """One POST: (status, parsed body); TransientError for faults worth another attempt."""
-        req = urllib.request.Request(self.url + path, data=json.dumps(payload).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.url + path,
+            data=json.dumps(payload).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.request_timeout) as resp:
                 return resp.status, _parse_body(resp.read())
@@ -331,22 +394,35 @@ class SGLangEngine(RolloutEngine):
                 return self._post(path, payload)
             except TransientError as e:
                 if attempt == self.retry.max_retries:
-                    raise RuntimeError(f"SGLang {path} failed {attempt + 1} times, last with {e}; raise "
-                                       f"sglang_max_retries or sglang_request_timeout, or check the server") from e
+                    raise RuntimeError(
+                        f"SGLang {path} failed {attempt + 1} times, last with {e}; raise "
+                        f"sglang_max_retries or sglang_request_timeout, or check the server"
+                    ) from e
                 self.retries += 1
                 time.sleep(self.retry.delay(attempt))
         raise AssertionError("unreachable")
 
     # -- engine interface ------------------------------------------------------------------------
-    def generate(self, prompt_ids, n: int, max_new_tokens: int, temperature: float, seed: int,
-                 ignore_eos: bool = False) -> Generation:
+    def generate(
+        self, prompt_ids, n: int, max_new_tokens: int, temperature: float, seed: int, ignore_eos: bool = False
+    ) -> Generation:
         rows, prompt_index = repeat_prompts(prompt_ids, n)
-        base = {"temperature": float(temperature), "max_new_tokens": int(max_new_tokens), "top_p": 1.0,
-                "top_k": -1, "min_p": 0.0, "stop_token_ids": sorted(self.stop_ids), "ignore_eos": ignore_eos,
-                "skip_special_tokens": True, "no_stop_trim": True}
+        base = {
+            "temperature": float(temperature),
+            "max_new_tokens": int(max_new_tokens),
+            "top_p": 1.0,
+            "top_k": -1,
+            "min_p": 0.0,
+            "stop_token_ids": sorted(self.stop_ids),
+            "ignore_eos": ignore_eos,
+            "skip_special_tokens": True,
+            "no_stop_trim": True,
+        }
         # distinct per response, reproducible per call (used by SGLang under deterministic inference)
-        sampling = [{**base, "sampling_seed": (seed * 1_000_003 + i) % (2**31 - 1)} if self.send_seed else base
-                    for i in range(len(rows))]
+        sampling = [
+            {**base, "sampling_seed": (seed * 1_000_003 + i) % (2**31 - 1)} if self.send_seed else base
+            for i in range(len(rows))
+        ]
         token_ids, finish, logprobs = [], [], []
         for out in self._generate_rows(rows, sampling):
             self._check_version(out)
@@ -356,8 +432,9 @@ class SGLangEngine(RolloutEngine):
             finish.append(reason)
             logprobs.append(lps[: len(kept)])
         texts = self.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
-        return Generation(prompt_index=prompt_index, token_ids=token_ids, texts=texts, finish_reasons=finish,
-                          logprobs=logprobs)
+        return Generation(
+            prompt_index=prompt_index, token_ids=token_ids, texts=texts, finish_reasons=finish, logprobs=logprobs
+        )
 
     def _generate_rows(self, rows: list[list[int]], sampling: list[dict]) -> list[dict]:
         """One `/generate` for all rows; rows SGLang aborted without an error status are sent again."""
@@ -374,12 +451,15 @@ class SGLangEngine(RolloutEngine):
                 self.retries += 1
                 time.sleep(self.retry.delay(attempt))
         reason = _abort_reason(outputs[pending[0]])
-        raise RuntimeError(f"SGLang aborted {len(pending)} request(s) {self.retry.max_retries + 1} times "
-                           f"({reason.get('message')}); lower max_concurrent_sequences or raise sglang_mem_fraction")
+        raise RuntimeError(
+            f"SGLang aborted {len(pending)} request(s) {self.retry.max_retries + 1} times "
+            f"({reason.get('message')}); lower max_concurrent_sequences or raise sglang_mem_fraction"
+        )
 
     def _generate_once(self, rows: list[list[int]], sampling: list[dict]) -> list[dict]:
-        status, body = self._request("/generate", {"input_ids": rows, "sampling_params": sampling,
-                                                   "return_logprob": True})
+        status, body = self._request(
+            "/generate", {"input_ids": rows, "sampling_params": sampling, "return_logprob": True}
+        )
         if status != 200:
             raise RuntimeError(f"SGLang /generate rejected the request (HTTP {status}): {_error_message(body)}")
         body = body if isinstance(body, list) else [body]
@@ -390,8 +470,10 @@ class SGLangEngine(RolloutEngine):
     def _check_version(self, out: dict) -> None:
         served = out.get("meta_info", {}).get("weight_version")
         if self.weight_version is not None and served is not None and served != self.weight_version:
-            raise RuntimeError(f"SGLang generated with weight_version {served!r}, expected {self.weight_version!r}: "
-                               f"the last weight update did not reach the server; check its log")
+            raise RuntimeError(
+                f"SGLang generated with weight_version {served!r}, expected {self.weight_version!r}: "
+                f"the last weight update did not reach the server; check its log"
+            )
 
     @staticmethod
     def _parse(out) -> tuple[list[int], list[float]]:
@@ -428,11 +510,14 @@ class SGLangEngine(RolloutEngine):
         tensors = {k: v.detach().to("cpu", self.dtype).clone().contiguous() for k, v in state_dict.items()}
         save_file(tensors, str(self.weights_dir / "model.safetensors"), metadata={"format": "pt"})
         version = str(self.updates + 1)
-        status, body = self._request("/update_weights_from_disk",
-                                     {"model_path": str(self.weights_dir), "weight_version": version})
+        status, body = self._request(
+            "/update_weights_from_disk", {"model_path": str(self.weights_dir), "weight_version": version}
+        )
         if status != 200 or not (isinstance(body, dict) and body.get("success")):
-            raise RuntimeError(f"SGLang could not load the trainer's weights (HTTP {status}): {_error_message(body)}; "
-                               f"the server must run the same architecture as {self.model_path}")
+            raise RuntimeError(
+                f"SGLang could not load the trainer's weights (HTTP {status}): {_error_message(body)}; "
+                f"the server must run the same architecture as {self.model_path}"
+            )
         self.updates += 1
         self.weight_version = version
 

@@ -41,25 +41,64 @@ Modules, one job each (this package re-exports their names):
 from __future__ import annotations
 
 from .notebooks import ANALYSIS_NOTEBOOKS, refresh_committed_notebooks, run_analysis
-from .planning import (PHASE_ORDER, PLAN_OWNED, RANK_METRICS, STUDIES_DIR, TRAIN_PHASES, Plan, PlanError,
-                       PlannedRun, SelectionRule, TerminalTest, default_study_dir, load_spec, plan, preset_path)
+from .planning import (
+    PHASE_ORDER,
+    PLAN_OWNED,
+    RANK_METRICS,
+    STUDIES_DIR,
+    TRAIN_PHASES,
+    Plan,
+    PlanError,
+    PlannedRun,
+    SelectionRule,
+    TerminalTest,
+    default_study_dir,
+    load_spec,
+    plan,
+    preset_path,
+)
 from .presenting import format_plan_table, plan_to_json, run_progress
-from .units import EXECUTORS, TRAIN_NOTEBOOK, JobResult, _subprocess_env
-from .run import (StudyReport, _execute_all,
-                  run_study, terminal_test_results, visible_gpus)
+from .run import StudyReport, _execute_all, run_study, terminal_test_results, visible_gpus
 from .selection import compute_selection, select, selection_table, validation_summary
+from .units import EXECUTORS, TRAIN_NOTEBOOK, JobResult, _subprocess_env
 
 __all__ = [
     # planning
-    "PHASE_ORDER", "PLAN_OWNED", "RANK_METRICS", "STUDIES_DIR", "TRAIN_PHASES", "Plan", "PlanError", "PlannedRun",
-    "SelectionRule", "TerminalTest", "default_study_dir", "load_spec", "plan", "preset_path",
+    "PHASE_ORDER",
+    "PLAN_OWNED",
+    "RANK_METRICS",
+    "STUDIES_DIR",
+    "TRAIN_PHASES",
+    "Plan",
+    "PlanError",
+    "PlannedRun",
+    "SelectionRule",
+    "TerminalTest",
+    "default_study_dir",
+    "load_spec",
+    "plan",
+    "preset_path",
     # presenting
-    "format_plan_table", "plan_to_json", "run_progress",
+    "format_plan_table",
+    "plan_to_json",
+    "run_progress",
     # selection
-    "compute_selection", "select", "selection_table", "validation_summary",
+    "compute_selection",
+    "select",
+    "selection_table",
+    "validation_summary",
     # run (the underscore names are used by tests/test_study.py)
-    "EXECUTORS", "TRAIN_NOTEBOOK", "JobResult", "StudyReport", "_execute_all", "_subprocess_env",
-    "run_study", "terminal_test_results", "visible_gpus",
+    "EXECUTORS",
+    "TRAIN_NOTEBOOK",
+    "JobResult",
+    "StudyReport",
+    "_execute_all",
+    "_subprocess_env",
+    "run_study",
+    "terminal_test_results",
+    "visible_gpus",
     # notebooks
-    "ANALYSIS_NOTEBOOKS", "refresh_committed_notebooks", "run_analysis",
+    "ANALYSIS_NOTEBOOKS",
+    "refresh_committed_notebooks",
+    "run_analysis",
 ]

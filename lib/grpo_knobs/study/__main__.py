@@ -13,6 +13,7 @@ def _worker_main(threads: int) -> None:
     """``python -m grpo_knobs.study --worker N``: run the unit on stdin, print its JobResult as JSON."""
     try:
         import torch
+
         torch.set_num_threads(threads)
     except ImportError:
         pass

@@ -9,13 +9,24 @@ from typing import Any, Iterable
 
 from ..provenance import REPO_ROOT
 
+ANALYSIS_NOTEBOOKS = (
+    "50_learning_curves",
+    "51_confirmation",
+    "52_time_to_target",
+    "53_group_size",
+    "54_reward_audit",
+    "55_screening",
+    "56_critical_batch",
+    "57_categories",
+)
 
-ANALYSIS_NOTEBOOKS = ("50_learning_curves", "51_confirmation", "52_time_to_target", "53_group_size",
-                      "54_reward_audit", "55_screening", "56_critical_batch", "57_categories")
 
-
-def run_analysis(study_dir: str | Path, out_dir: str | Path | None = None,
-                 notebooks: Iterable[str] = ANALYSIS_NOTEBOOKS, progress: bool = True) -> list[Path]:
+def run_analysis(
+    study_dir: str | Path,
+    out_dir: str | Path | None = None,
+    notebooks: Iterable[str] = ANALYSIS_NOTEBOOKS,
+    progress: bool = True,
+) -> list[Path]:
     """Execute the analysis notebooks on a study directory through papermill.
 
     Figures and tables go to ``out_dir`` (default ``<study_dir>/figures``); each executed
@@ -38,8 +49,14 @@ def run_analysis(study_dir: str | Path, out_dir: str | Path | None = None,
         if targets and name == "56_critical_batch":
             params["targets"] = {task: values[0] for task, values in targets.items() if values}
         target = out / f"{name}.ipynb"
-        pm.execute_notebook(str(REPO_ROOT / "notebooks" / f"{name}.ipynb"), str(target), parameters=params,
-                            cwd=str(REPO_ROOT), progress_bar=False, kernel_name="python3")
+        pm.execute_notebook(
+            str(REPO_ROOT / "notebooks" / f"{name}.ipynb"),
+            str(target),
+            parameters=params,
+            cwd=str(REPO_ROOT),
+            progress_bar=False,
+            kernel_name="python3",
+        )
         written.append(target)
     return written
 

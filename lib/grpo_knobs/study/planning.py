@@ -23,8 +23,19 @@ PHASE_ORDER = ("screening", "lr-followup", "selection", "confirmation", "test")
 RANK_METRICS = {"final_accuracy": True, "sample_auc": True, "job_seconds": False}
 # Fields the plan sets per run; a preset may not set them in defaults or phase sections.
 PLAN_OWNED = frozenset(KNOB_NAMES) | {"task", "phase", "arm", "seed", "run_id", "output_dir", "study", "resume"}
-_TOP_KEYS = {"name", "description", "params", "defaults", "arms", "tasks", "screening", "lr_followup",
-             "selection", "confirmation", "test"}
+_TOP_KEYS = {
+    "name",
+    "description",
+    "params",
+    "defaults",
+    "arms",
+    "tasks",
+    "screening",
+    "lr_followup",
+    "selection",
+    "confirmation",
+    "test",
+}
 _TASK_KEYS = {"targets", "defaults", "screening", "selection", "confirmation", "test"}
 _PARAM = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -84,8 +95,15 @@ class TerminalTest:
 
     def job(self) -> dict[str, Any]:
         """The mapping ``evaluation.run_test_job`` takes."""
-        return {"run_id": self.run_id, "task": self.task, "model": self.model, "max_new_tokens": self.max_new_tokens,
-                "problems": self.problems, "device": self.device, "data_dir": self.data_dir}
+        return {
+            "run_id": self.run_id,
+            "task": self.task,
+            "model": self.model,
+            "max_new_tokens": self.max_new_tokens,
+            "problems": self.problems,
+            "device": self.device,
+            "data_dir": self.data_dir,
+        }
 
 
 @dataclass(frozen=True)
@@ -97,16 +115,23 @@ class SelectionRule:
     rank_by: tuple[str, ...]
 
     def describe(self) -> str:
-        order = {"final_accuracy": "final validation accuracy (higher first)",
-                 "sample_auc": "validation sample AUC (higher first)",
-                 "job_seconds": "complete job seconds (lower first)"}
+        order = {
+            "final_accuracy": "final validation accuracy (higher first)",
+            "sample_auc": "validation sample AUC (higher first)",
+            "job_seconds": "complete job seconds (lower first)",
+        }
         ranked = order[self.rank_by[0]] + "".join(f", then {order[k]}" for k in self.rank_by[1:])
         counts = ", ".join(f"{n} for {t}" for t, n in self.recipes.items())
-        keep = (f"Always keep {', '.join(self.always_include)} (the baseline for paired comparisons) and "
-                if self.always_include else "Take ")
-        return (f"Per task, rank the screening arms by {ranked}, each averaged over screening seeds. {keep}"
-                f"fill the remaining recipe slots with the top-ranked other arms (recipes: {counts}). "
-                "Only validation rows of complete screening runs are read; test data is never opened.")
+        keep = (
+            f"Always keep {', '.join(self.always_include)} (the baseline for paired comparisons) and "
+            if self.always_include
+            else "Take "
+        )
+        return (
+            f"Per task, rank the screening arms by {ranked}, each averaged over screening seeds. {keep}"
+            f"fill the remaining recipe slots with the top-ranked other arms (recipes: {counts}). "
+            "Only validation rows of complete screening runs are read; test data is never opened."
+        )
 
 
 @dataclass
@@ -179,8 +204,9 @@ def load_spec(preset_or_path: str | Path, params: dict[str, Any] | None = None) 
     declared = dict(raw.pop("params", None) or {})
     extra = set(params or {}) - set(declared)
     if extra:
-        raise PlanError(f"{path}: parameter(s) {sorted(extra)} are not declared under params: "
-                        f"(declared: {sorted(declared)}).")
+        raise PlanError(
+            f"{path}: parameter(s) {sorted(extra)} are not declared under params: (declared: {sorted(declared)})."
+        )
     used = {**declared, **(params or {})}
     spec = _substitute(raw, used)
     for key in ("name", "tasks"):
@@ -221,6 +247,7 @@ def _split(section: dict, own: set[str], where: str) -> tuple[dict, dict]:
 
 def _check_task(task: str) -> None:
     from ..data import TASKS
+
     if task not in TASKS:
         raise PlanError(f"Unknown task {task!r}; tasks: {', '.join(TASKS)}.")
 
@@ -266,14 +293,26 @@ class _Context:
         base_lr = values.get("lr", RunConfig.lr)
         run_id = run_id or f"{phase}-{self.task}-{arm.name}-s{seed}"
         values.update({name: getattr(arm, name) for name in KNOB_NAMES})
-        values.update(task=self.task, phase=phase, arm=arm.name, seed=seed, run_id=run_id, study=self.spec["name"],
-                      output_dir=str(self.study_dir), lr=base_lr * arm.lr_multiplier)
+        values.update(
+            task=self.task,
+            phase=phase,
+            arm=arm.name,
+            seed=seed,
+            run_id=run_id,
+            study=self.spec["name"],
+            output_dir=str(self.study_dir),
+            lr=base_lr * arm.lr_multiplier,
+        )
         return _make_config(run_id, values)
 
 
 def _seeds(own: dict, default: list[int], where: str) -> list[int]:
     seeds = own.get("seeds", default)
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
+    ):
         raise PlanError(f"{where}: seeds must be a non-empty list of integers, got {seeds!r}.")
     return seeds
 
@@ -283,9 +322,17 @@ def _screening_runs(ctx: _Context) -> tuple[list[PlannedRun], list[str]]:
     names = list(own.get("arms") or [])
     if len(set(names)) != len(names):
         raise PlanError(f"screening ({ctx.task}): an arm is listed twice: {names}.")
-    runs = [PlannedRun("screening", ctx.task, name, seed,
-                       ctx.config("screening", ctx.arm(name, f"screening ({ctx.task})"), seed, fields))
-            for name in names for seed in _seeds(own, [0], f"screening ({ctx.task})")]
+    runs = [
+        PlannedRun(
+            "screening",
+            ctx.task,
+            name,
+            seed,
+            ctx.config("screening", ctx.arm(name, f"screening ({ctx.task})"), seed, fields),
+        )
+        for name in names
+        for seed in _seeds(own, [0], f"screening ({ctx.task})")
+    ]
     return runs, names
 
 
@@ -298,18 +345,23 @@ def _followup_runs(spec: dict, contexts: dict[str, _Context]) -> list[PlannedRun
             raise PlanError(f"lr_followup[{i}]: task {task!r} is not one of the plan's tasks {list(contexts)}.")
         ctx = contexts[task]
         arm = ctx.arm(own.get("arm", ""), f"lr_followup[{i}]")
-        runs += [PlannedRun("lr-followup", task, arm.name, seed, ctx.config("lr-followup", arm, seed, fields))
-                 for seed in _seeds(own, [0], f"lr_followup[{i}]")]
+        runs += [
+            PlannedRun("lr-followup", task, arm.name, seed, ctx.config("lr-followup", arm, seed, fields))
+            for seed in _seeds(own, [0], f"lr_followup[{i}]")
+        ]
     return runs
 
 
 def _rule(spec: dict, candidates: dict[str, list[str]]) -> SelectionRule:
     counts, always, rank_by = {}, None, None
     for task, pool in candidates.items():
-        own, extra = _split(_section(spec, task, "selection"), {"recipes", "always_include", "rank_by"},
-                            f"selection ({task})")
+        own, extra = _split(
+            _section(spec, task, "selection"), {"recipes", "always_include", "rank_by"}, f"selection ({task})"
+        )
         if extra:
-            raise PlanError(f"selection ({task}): unknown key(s) {sorted(extra)}; keys: recipes, always_include, rank_by.")
+            raise PlanError(
+                f"selection ({task}): unknown key(s) {sorted(extra)}; keys: recipes, always_include, rank_by."
+            )
         keep = tuple(own.get("always_include") or ())
         order = tuple(own.get("rank_by") or ("final_accuracy", "sample_auc", "job_seconds"))
         bad = [k for k in order if k not in RANK_METRICS]
@@ -322,8 +374,10 @@ def _rule(spec: dict, candidates: dict[str, list[str]]) -> SelectionRule:
         if not isinstance(n, int) or n < max(1, len(keep)):
             raise PlanError(f"selection ({task}): recipes must be an integer >= {max(1, len(keep))}, got {n!r}.")
         if (always, rank_by) not in ((None, None), (keep, order)):
-            raise PlanError("selection: always_include and rank_by must be the same for every task "
-                            "(only the number of recipes may differ per task).")
+            raise PlanError(
+                "selection: always_include and rank_by must be the same for every task "
+                "(only the number of recipes may differ per task)."
+            )
         always, rank_by = keep, order
         counts[task] = min(n, len(pool))
     return SelectionRule(counts, always or (), rank_by or tuple(RANK_METRICS))
@@ -337,26 +391,42 @@ def _confirmation_runs(ctx: _Context, pool: list[str], n_recipes: int, selection
         recipes = selection["recipes"].get(ctx.task)
         if recipes is None:
             raise PlanError(f"selection.json has no recipes for task {ctx.task!r}.")
-        return [PlannedRun("confirmation", ctx.task, name, seed,
-                           ctx.config("confirmation", ctx.arm(name, f"selection.json ({ctx.task})"), seed, fields))
-                for name in recipes for seed in seeds]
+        return [
+            PlannedRun(
+                "confirmation",
+                ctx.task,
+                name,
+                seed,
+                ctx.config("confirmation", ctx.arm(name, f"selection.json ({ctx.task})"), seed, fields),
+            )
+            for name in recipes
+            for seed in seeds
+        ]
     runs = []
     for k in range(1, n_recipes + 1):
         for seed in seeds:
             # Every arm that could fill the slot must accept the budget and cadence.
-            options = tuple(ctx.config("confirmation", ctx.arm(a, where), seed, fields,
-                                       run_id=f"confirmation-{ctx.task}-{a}-s{seed}") for a in pool)
-            stand_in = dataclasses.replace(options[0], arm=f"<selected-{k}>",
-                                           run_id=f"confirmation-{ctx.task}-selected-{k}-s{seed}")
+            options = tuple(
+                ctx.config(
+                    "confirmation", ctx.arm(a, where), seed, fields, run_id=f"confirmation-{ctx.task}-{a}-s{seed}"
+                )
+                for a in pool
+            )
+            stand_in = dataclasses.replace(
+                options[0], arm=f"<selected-{k}>", run_id=f"confirmation-{ctx.task}-selected-{k}-s{seed}"
+            )
             runs.append(PlannedRun("confirmation", ctx.task, stand_in.arm, seed, stand_in, True, options))
     return runs
 
 
 def _test_jobs(ctx: _Context, confirmation: list[PlannedRun]) -> list[TerminalTest]:
-    own, extra = _split(_section(ctx.spec, ctx.task, "test"), {"problems", "max_new_tokens", "initial_model"},
-                        f"test ({ctx.task})")
+    own, extra = _split(
+        _section(ctx.spec, ctx.task, "test"), {"problems", "max_new_tokens", "initial_model"}, f"test ({ctx.task})"
+    )
     if extra:
-        raise PlanError(f"test ({ctx.task}): unknown key(s) {sorted(extra)}; keys: problems, max_new_tokens, initial_model.")
+        raise PlanError(
+            f"test ({ctx.task}): unknown key(s) {sorted(extra)}; keys: problems, max_new_tokens, initial_model."
+        )
     problems = own.get("problems")
     if problems is not None and (not isinstance(problems, int) or problems <= 0):
         raise PlanError(f"test ({ctx.task}): problems must be a positive integer or null (all), got {problems!r}.")
@@ -364,13 +434,25 @@ def _test_jobs(ctx: _Context, confirmation: list[PlannedRun]) -> list[TerminalTe
     cap = own.get("max_new_tokens") or ctx.default("eval_max_new_tokens") or ctx.default("max_new_tokens")
     if not isinstance(cap, int) or cap <= 0:
         raise PlanError(f"test ({ctx.task}): max_new_tokens must be a positive integer, got {cap!r}.")
-    common = {"task": ctx.task, "max_new_tokens": cap, "problems": problems, "device": ctx.default("device"),
-              "data_dir": ctx.default("data_dir")}
+    common = {
+        "task": ctx.task,
+        "max_new_tokens": cap,
+        "problems": problems,
+        "device": ctx.default("device"),
+        "data_dir": ctx.default("data_dir"),
+    }
     if own.get("initial_model", True):
         jobs.append(TerminalTest(f"initial-{ctx.task}", model=ctx.default("model"), source="initial", **common))
     for run in confirmation:
-        jobs.append(TerminalTest(run.run_id, model=str(ctx.study_dir / run.run_id / "final"),
-                                 source="confirmation", placeholder=run.placeholder, **common))
+        jobs.append(
+            TerminalTest(
+                run.run_id,
+                model=str(ctx.study_dir / run.run_id / "final"),
+                source="confirmation",
+                placeholder=run.placeholder,
+                **common,
+            )
+        )
     return jobs
 
 
@@ -385,8 +467,13 @@ def default_study_dir(name: str) -> Path:
     return REPO_ROOT / "runs" / name
 
 
-def plan(preset_or_path: str | Path, selection: dict | str | Path | None = None, *,
-         study_dir: str | Path | None = None, params: dict[str, Any] | None = None) -> Plan:
+def plan(
+    preset_or_path: str | Path,
+    selection: dict | str | Path | None = None,
+    *,
+    study_dir: str | Path | None = None,
+    params: dict[str, Any] | None = None,
+) -> Plan:
     """Expand a preset into validated runs; raises PlanError naming the first bad run.
 
     ``selection``: a selection mapping or a path to one; when None, the study dir's
@@ -419,12 +506,23 @@ def plan(preset_or_path: str | Path, selection: dict | str | Path | None = None,
         if r.run_id in seen:
             raise PlanError(f"Run {r.run_id} is planned twice; run ids must be unique within a study.")
         seen.add(r.run_id)
-    return Plan(spec["name"], path, study_dir, used, runs, tests, {t: _targets(spec, t) for t in tasks},
-                rule, candidates, chosen)
+    return Plan(
+        spec["name"],
+        path,
+        study_dir,
+        used,
+        runs,
+        tests,
+        {t: _targets(spec, t) for t in tasks},
+        rule,
+        candidates,
+        chosen,
+    )
 
 
-def _load_selection(selection: dict | str | Path | None, study_dir: Path, candidates: dict[str, list[str]],
-                    arms: dict[str, Arm]) -> dict | None:
+def _load_selection(
+    selection: dict | str | Path | None, study_dir: Path, candidates: dict[str, list[str]], arms: dict[str, Arm]
+) -> dict | None:
     if selection is None:
         path = study_dir / "selection.json"
         if not path.exists():

@@ -28,22 +28,47 @@ def plan_to_json(plan: Plan) -> list[dict[str, Any]]:
     for r in plan.runs:
         counts = r.counts()
         cfg = r.config
-        row: dict[str, Any] = {"phase": r.phase, "run_id": r.run_id, "task": r.task, "arm": r.arm, "seed": r.seed,
-                               "placeholder": r.placeholder, "response_budget": cfg.response_budget,
-                               "eval_every_responses": cfg.eval_every_responses,
-                               "resources": config_resources(cfg.to_dict()).to_dict()}
+        row: dict[str, Any] = {
+            "phase": r.phase,
+            "run_id": r.run_id,
+            "task": r.task,
+            "arm": r.arm,
+            "seed": r.seed,
+            "placeholder": r.placeholder,
+            "response_budget": cfg.response_budget,
+            "eval_every_responses": cfg.eval_every_responses,
+            "resources": config_resources(cfg.to_dict()).to_dict(),
+        }
         if r.placeholder:
-            row.update({k: None for k in KNOB_NAMES}, lr=None, candidates=[c.arm for c in r.candidates],
-                       **{k: lo if lo == hi else None for k, (lo, hi) in counts.items()},
-                       range={k: list(v) for k, v in counts.items()})
+            row.update(
+                {k: None for k in KNOB_NAMES},
+                lr=None,
+                candidates=[c.arm for c in r.candidates],
+                **{k: lo if lo == hi else None for k, (lo, hi) in counts.items()},
+                range={k: list(v) for k, v in counts.items()},
+            )
         else:
-            row.update({k: getattr(cfg, k) for k in KNOB_NAMES}, lr=cfg.lr,
-                       **{k: v[0] for k, v in counts.items()}, config=cfg.to_dict())
+            row.update(
+                {k: getattr(cfg, k) for k in KNOB_NAMES},
+                lr=cfg.lr,
+                **{k: v[0] for k, v in counts.items()},
+                config=cfg.to_dict(),
+            )
         out.append(row)
     for job in plan.tests:
-        out.append({"phase": "test", "run_id": job.run_id, "task": job.task, "source": job.source,
-                    "model": job.model, "max_new_tokens": job.max_new_tokens, "problems": job.problems,
-                    "placeholder": job.placeholder, "resources": test_job_resources(job.job()).to_dict()})
+        out.append(
+            {
+                "phase": "test",
+                "run_id": job.run_id,
+                "task": job.task,
+                "source": job.source,
+                "model": job.model,
+                "max_new_tokens": job.max_new_tokens,
+                "problems": job.problems,
+                "placeholder": job.placeholder,
+                "resources": test_job_resources(job.job()).to_dict(),
+            }
+        )
     return out
 
 
@@ -71,8 +96,17 @@ def _run_row(r: PlannedRun, study_dir: Path) -> tuple[str, ...]:
     knobs = ("?",) * 4 if r.placeholder else tuple(str(getattr(c, k)) for k in KNOB_NAMES)
     lr = "?" if r.placeholder else f"{c.lr:.3g}"
     progress = "-" if r.placeholder else run_progress(study_dir, r.run_id, c.collections)
-    return (r.phase, r.task, r.arm, str(r.seed), *knobs, lr, f"{c.response_budget:,}",
-            *(_span(*counts[k]) for k in _COUNTS), progress)
+    return (
+        r.phase,
+        r.task,
+        r.arm,
+        str(r.seed),
+        *knobs,
+        lr,
+        f"{c.response_budget:,}",
+        *(_span(*counts[k]) for k in _COUNTS),
+        progress,
+    )
 
 
 def _total_line(label: str, runs: list[PlannedRun]) -> str:
@@ -80,31 +114,55 @@ def _total_line(label: str, runs: list[PlannedRun]) -> str:
     lo = {k: sum(r.counts()[k][0] for r in runs) for k in _COUNTS}
     hi = {k: sum(r.counts()[k][1] for r in runs) for k in _COUNTS}
     responses = sum(r.config.response_budget for r in runs)
-    return (f"  {label:<13} {len(runs):>3} runs  {responses:>10,} responses  {_span(lo['collections'], hi['collections']):>13}"
-            f" collections  {_span(lo['updates'], hi['updates']):>13} updates  "
-            f"{_span(lo['evaluations'], hi['evaluations']):>9} evaluations")
+    return (
+        f"  {label:<13} {len(runs):>3} runs  {responses:>10,} responses  "
+        f"{_span(lo['collections'], hi['collections']):>13}"
+        f" collections  {_span(lo['updates'], hi['updates']):>13} updates  "
+        f"{_span(lo['evaluations'], hi['evaluations']):>9} evaluations"
+    )
 
 
 def _test_line(tests: list[TerminalTest], tasks: Iterable[str]) -> str:
     waiting = sum(j.placeholder for j in tests)
     by_task = ", ".join(f"{t}: {sum(j.task == t for j in tests)}" for t in tasks)
     problems = ", ".join(sorted({"all" if j.problems is None else str(j.problems) for j in tests}))
-    return (f"  {'test':<13} {len(tests):>3} terminal test jobs ({by_task}; problems: {problems}"
-            f"{f'; {waiting} await selection' if waiting else ''})")
+    return (
+        f"  {'test':<13} {len(tests):>3} terminal test jobs ({by_task}; problems: {problems}"
+        f"{f'; {waiting} await selection' if waiting else ''})"
+    )
 
 
 def format_plan_table(plan: Plan) -> str:
     """Runs, responses, collections, updates and evaluations per run, with totals per phase."""
-    header = ("phase", "task", "arm", "seed", "P", "G", "B", "S", "lr", "responses", "collections", "updates", "evals",
-              "records")
+    header = (
+        "phase",
+        "task",
+        "arm",
+        "seed",
+        "P",
+        "G",
+        "B",
+        "S",
+        "lr",
+        "responses",
+        "collections",
+        "updates",
+        "evals",
+        "records",
+    )
     rows = [_run_row(r, plan.study_dir) for r in plan.runs]
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
 
     def fmt(cells: Iterable[str]) -> str:
-        return "  ".join(x.rjust(w) if 3 <= i < len(header) - 1 else x.ljust(w)
-                         for i, (x, w) in enumerate(zip(cells, widths))).rstrip()
+        return "  ".join(
+            x.rjust(w) if 3 <= i < len(header) - 1 else x.ljust(w) for i, (x, w) in enumerate(zip(cells, widths))
+        ).rstrip()
 
-    lines = [f"Study {plan.name} ({plan.source.name}) -> {plan.study_dir}", fmt(header), fmt(["-" * w for w in widths])]
+    lines = [
+        f"Study {plan.name} ({plan.source.name}) -> {plan.study_dir}",
+        fmt(header),
+        fmt(["-" * w for w in widths]),
+    ]
     lines += [fmt(row) for row in rows]
     lines += ["", "Totals by phase (a-b: range while confirmation arms are unselected):"]
     phases = dict.fromkeys(r.phase for r in plan.runs)
@@ -112,8 +170,10 @@ def format_plan_table(plan: Plan) -> str:
     lines += [_total_line("all training", plan.runs), _test_line(plan.tests, plan.targets)]
     left = [r for r in plan.runs if not RunDir(plan.study_dir / r.run_id).is_complete()]
     untested = [j for j in plan.tests if not RunDir(plan.study_dir / j.run_id).test_path.exists()]
-    lines.append(f"Left to run under {plan.study_dir}: {len(left)} of {len(plan.runs)} training runs, "
-                 f"{len(untested)} of {len(plan.tests)} terminal test jobs")
+    lines.append(
+        f"Left to run under {plan.study_dir}: {len(left)} of {len(plan.runs)} training runs, "
+        f"{len(untested)} of {len(plan.tests)} terminal test jobs"
+    )
     lines.append("Selection rule: " + plan.rule.describe())
     if plan.selection:
         picks = "; ".join(f"{t}: {', '.join(a)}" for t, a in plan.selection["recipes"].items())

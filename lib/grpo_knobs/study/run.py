@@ -62,13 +62,17 @@ class StudyReport:
         counts = ", ".join(f"{n} {s}" for s, n in sorted(self.counts().items())) or "nothing to do"
         lines = [f"Study {self.study_dir}: {counts}."]
         for r in self.failed:
-            lines.append(f"  {r.status.upper()} {r.run_id} ({r.phase}): {r.error}" + (f"\n    see {r.record}" if r.record else ""))
+            lines.append(
+                f"  {r.status.upper()} {r.run_id} ({r.phase}): {r.error}"
+                + (f"\n    see {r.record}" if r.record else "")
+            )
         return "\n".join(lines)
 
     __str__ = summary
 
     def to_frame(self):
         import pandas as pd
+
         return pd.DataFrame([dataclasses.asdict(r) for r in self.results])
 
     def raise_on_failure(self) -> None:
@@ -111,9 +115,15 @@ def _execute_in_worker(unit: dict, threads: int, gpu: str | None = None) -> JobR
         # A worker (and the notebook kernel it starts) dies with this process: a killed study
         # leaves no run going on behind a rerun's back.
         env[DIE_WITH_PARENT_ENV] = "1"
-        proc = subprocess.run([sys.executable, "-m", "grpo_knobs.study", "--worker", str(threads)],
-                              input=json.dumps(unit | {"progress": True}), stdout=subprocess.PIPE, stderr=err,
-                              text=True, env=env, preexec_fn=die_with_parent)
+        proc = subprocess.run(
+            [sys.executable, "-m", "grpo_knobs.study", "--worker", str(threads)],
+            input=json.dumps(unit | {"progress": True}),
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env=env,
+            preexec_fn=die_with_parent,
+        )
     last = proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []
     if proc.returncode == 0 and last:
         return JobResult(**json.loads(last[0]))
@@ -170,21 +180,40 @@ def _filter(items: Iterable, only: list[str] | None) -> list:
 def _check_drift(runs: list[PlannedRun]) -> None:
     problems = [f"{r.run_id}: {'; '.join(d)}" for r in runs if (d := _config_drift(r.config))]
     if problems:
-        raise PlanError("Existing run records disagree with the plan (records are never overwritten; use another "
-                        "study_dir or move these runs away):\n  " + "\n  ".join(problems))
+        raise PlanError(
+            "Existing run records disagree with the plan (records are never overwritten; use another "
+            "study_dir or move these runs away):\n  " + "\n  ".join(problems)
+        )
 
 
 def _write_plan_snapshot(p: Plan) -> None:
     """<study_dir>/plan.json: the resolved plan, its targets and rule, for the analysis notebooks."""
-    atomic_write_json(p.study_dir / "plan.json", {
-        "name": p.name, "source": str(p.source), "params": p.params, "targets": p.targets,
-        "selection_rule": p.rule.describe(), "runs": plan_to_json(p)})
+    atomic_write_json(
+        p.study_dir / "plan.json",
+        {
+            "name": p.name,
+            "source": str(p.source),
+            "params": p.params,
+            "targets": p.targets,
+            "selection_rule": p.rule.describe(),
+            "runs": plan_to_json(p),
+        },
+    )
 
 
-def run_study(preset: str | Path, phases: Iterable[str] | None = None, jobs: int = 1,
-              study_dir: str | Path | None = None, executor: str = "auto", *,
-              params: dict[str, Any] | None = None, only: list[str] | None = None,
-              progress: bool = True, scheduler: str = "local", ray_address: str | None = None) -> StudyReport:
+def run_study(
+    preset: str | Path,
+    phases: Iterable[str] | None = None,
+    jobs: int = 1,
+    study_dir: str | Path | None = None,
+    executor: str = "auto",
+    *,
+    params: dict[str, Any] | None = None,
+    only: list[str] | None = None,
+    progress: bool = True,
+    scheduler: str = "local",
+    ray_address: str | None = None,
+) -> StudyReport:
     """Execute a study's phases in order, skipping completed work and recording failures.
 
     Args:
@@ -215,9 +244,18 @@ def run_study(preset: str | Path, phases: Iterable[str] | None = None, jobs: int
         return _run_phases(p, preset, phases, jobs, executor, params, only, progress, scheduler, ray_address)
 
 
-def _run_phases(p: Plan, preset: str | Path, phases: list[str], jobs: int, executor: str,
-                params: dict[str, Any] | None, only: list[str] | None, progress: bool,
-                scheduler: str = "local", ray_address: str | None = None) -> StudyReport:
+def _run_phases(
+    p: Plan,
+    preset: str | Path,
+    phases: list[str],
+    jobs: int,
+    executor: str,
+    params: dict[str, Any] | None,
+    only: list[str] | None,
+    progress: bool,
+    scheduler: str = "local",
+    ray_address: str | None = None,
+) -> StudyReport:
     _check_drift([r for r in p.runs if not r.placeholder and r.phase in phases])
     p.study_dir.mkdir(parents=True, exist_ok=True)
     _write_plan_snapshot(p)
@@ -239,15 +277,25 @@ def _run_phases(p: Plan, preset: str | Path, phases: list[str], jobs: int, execu
             _write_plan_snapshot(p)
             continue
         if phase in ("confirmation", "test") and not p.selected:
-            report.results.append(JobResult(phase, phase, "blocked",
-                                            error=f"no {p.study_dir / 'selection.json'} yet; run the selection phase first"))
+            report.results.append(
+                JobResult(
+                    phase,
+                    phase,
+                    "blocked",
+                    error=f"no {p.study_dir / 'selection.json'} yet; run the selection phase first",
+                )
+            )
             continue
-        tests = {t.run_id: {"kind": "test", "study_dir": str(p.study_dir), "job": t.job()} for t in _filter(p.tests, only)}
+        tests = {
+            t.run_id: {"kind": "test", "study_dir": str(p.study_dir), "job": t.job()} for t in _filter(p.tests, only)
+        }
         if phase == "test":
             units = list(tests.values())
         else:
-            units = [{"kind": "train", "executor": executor, "config": r.config.to_dict()}
-                     for r in _filter(p.phase(phase), only)]
+            units = [
+                {"kind": "train", "executor": executor, "config": r.config.to_dict()}
+                for r in _filter(p.phase(phase), only)
+            ]
             if phase == "confirmation" and "test" in phases:
                 # Test each run as soon as it finishes: a study cut short (or a GPU machine handed
                 # back) then never leaves a finished checkpoint untested.
@@ -258,17 +306,27 @@ def _run_phases(p: Plan, preset: str | Path, phases: list[str], jobs: int, execu
             else:
                 results = _execute_all(units, jobs, phase, progress)
             if phase == "test":  # tests run right after their confirmation run count as this call's work
-                results = [dataclasses.replace(r, status="complete") if r.status == "skipped"
-                           and r.run_id not in tested_before else r for r in results]
+                results = [
+                    dataclasses.replace(r, status="complete")
+                    if r.status == "skipped" and r.run_id not in tested_before
+                    else r
+                    for r in results
+                ]
             report.results += results
     return report
 
 
-def terminal_test_results(preset_or_plan: str | Path | Plan, *, study_dir: str | Path | None = None,
-                 params: dict[str, Any] | None = None):
+def terminal_test_results(
+    preset_or_plan: str | Path | Plan, *, study_dir: str | Path | None = None, params: dict[str, Any] | None = None
+):
     """Mean terminal-test accuracy per finished test job, as a DataFrame."""
     import pandas as pd
-    p = preset_or_plan if isinstance(preset_or_plan, Plan) else plan(preset_or_plan, study_dir=study_dir, params=params)
+
+    p = (
+        preset_or_plan
+        if isinstance(preset_or_plan, Plan)
+        else plan(preset_or_plan, study_dir=study_dir, params=params)
+    )
     arms = {r.run_id: (r.arm, r.seed) for r in p.phase("confirmation")}
     rows = []
     for job in p.tests:
@@ -276,6 +334,15 @@ def terminal_test_results(preset_or_plan: str | Path | Plan, *, study_dir: str |
         if path.exists():
             df = pd.read_parquet(path, columns=["correct", "truncated"])
             arm, seed = arms.get(job.run_id, ("initial", None))
-            rows.append({"task": job.task, "run_id": job.run_id, "arm": arm, "seed": seed, "problems": len(df),
-                         "accuracy": float(df["correct"].mean()), "truncated": float(df["truncated"].mean())})
+            rows.append(
+                {
+                    "task": job.task,
+                    "run_id": job.run_id,
+                    "arm": arm,
+                    "seed": seed,
+                    "problems": len(df),
+                    "accuracy": float(df["correct"].mean()),
+                    "truncated": float(df["truncated"].mean()),
+                }
+            )
     return pd.DataFrame(rows)

@@ -14,6 +14,7 @@ from .planning import RANK_METRICS, Plan, PlanError, plan
 def _validation_scores(run_dir: Path) -> dict[str, float]:
     """Final accuracy, sample AUC and job seconds of one complete run, from validation rows only."""
     import pandas as pd
+
     from ..stats import sample_auc
 
     run = RunDir(run_dir)
@@ -22,13 +23,17 @@ def _validation_scores(run_dir: Path) -> dict[str, float]:
     if curve.empty:
         raise PlanError(f"{run_dir}: no validation rows in evals.parquet.")
     auc = sample_auc(curve.index.to_numpy(), curve.to_numpy()) if len(curve) > 1 else float(curve.iloc[-1])
-    return {"final_accuracy": float(curve.iloc[-1]), "sample_auc": auc,
-            "job_seconds": float(read_json(run.timings_path)["job"])}
+    return {
+        "final_accuracy": float(curve.iloc[-1]),
+        "sample_auc": auc,
+        "job_seconds": float(read_json(run.timings_path)["job"]),
+    }
 
 
 def _rank(scores: dict[str, dict[str, float]], rank_by: tuple[str, ...]) -> list[str]:
     def key(arm: str) -> tuple:
         return tuple(-scores[arm][m] if RANK_METRICS[m] else scores[arm][m] for m in rank_by) + (arm,)
+
     return sorted(scores, key=key)
 
 
@@ -46,7 +51,9 @@ def compute_selection(plan: Plan) -> dict:
     for task, pool in plan.candidates.items():
         per_arm: dict[str, dict[str, float]] = {}
         for arm in pool:
-            seeds = [_validation_scores(plan.study_dir / r.run_id) for r in screening if r.task == task and r.arm == arm]
+            seeds = [
+                _validation_scores(plan.study_dir / r.run_id) for r in screening if r.task == task and r.arm == arm
+            ]
             per_arm[arm] = {m: sum(s[m] for s in seeds) / len(seeds) for m in RANK_METRICS}
         order = _rank(per_arm, plan.rule.rank_by)
         keep = list(plan.rule.always_include)
@@ -55,39 +62,65 @@ def compute_selection(plan: Plan) -> dict:
     return {"rule": plan.rule.describe(), "rank_by": list(plan.rule.rank_by), "recipes": recipes, "scores": scores}
 
 
-def select(preset_or_plan: str | Path | Plan, *, study_dir: str | Path | None = None,
-           params: dict[str, Any] | None = None) -> dict:
+def select(
+    preset_or_plan: str | Path | Plan, *, study_dir: str | Path | None = None, params: dict[str, Any] | None = None
+) -> dict:
     """Write ``<study_dir>/selection.json`` once; afterwards the recipes are frozen.
 
     Rerunning returns the existing file when the rule still yields the same recipes and
     raises otherwise, so a changed screen can never silently change what was confirmed.
     """
-    p = preset_or_plan if isinstance(preset_or_plan, Plan) else plan(preset_or_plan, study_dir=study_dir, params=params)
+    p = (
+        preset_or_plan
+        if isinstance(preset_or_plan, Plan)
+        else plan(preset_or_plan, study_dir=study_dir, params=params)
+    )
     fresh = compute_selection(p)
     path = p.study_dir / "selection.json"
     if path.exists():
         existing = read_json(path)
         if existing.get("recipes") != fresh["recipes"]:
-            raise PlanError(f"{path} already holds recipes {existing.get('recipes')}, but the screening runs now give "
-                            f"{fresh['recipes']}. Selection is frozen once written; move the file away to reselect.")
+            raise PlanError(
+                f"{path} already holds recipes {existing.get('recipes')}, but the screening runs now give "
+                f"{fresh['recipes']}. Selection is frozen once written; move the file away to reselect."
+            )
         return existing
-    atomic_write_json(path, fresh | {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                     "screening_runs": [r.run_id for r in p.phase("screening")]})
+    atomic_write_json(
+        path,
+        fresh
+        | {
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "screening_runs": [r.run_id for r in p.phase("screening")],
+        },
+    )
     return read_json(path)
 
 
 def validation_summary(p: Plan, phase: str):
     """Final validation accuracy, sample AUC and job seconds of the phase's complete runs."""
     import pandas as pd
-    rows = [{"task": r.task, "arm": r.arm, "seed": r.seed, "run_id": r.run_id,
-             **_validation_scores(p.study_dir / r.run_id)}
-            for r in p.phase(phase) if not r.placeholder and RunDir(p.study_dir / r.run_id).is_complete()]
+
+    rows = [
+        {
+            "task": r.task,
+            "arm": r.arm,
+            "seed": r.seed,
+            "run_id": r.run_id,
+            **_validation_scores(p.study_dir / r.run_id),
+        }
+        for r in p.phase(phase)
+        if not r.placeholder and RunDir(p.study_dir / r.run_id).is_complete()
+    ]
     return pd.DataFrame(rows, columns=["task", "arm", "seed", "run_id", *RANK_METRICS])
 
 
 def selection_table(selection: dict):
     """The selection scores as a DataFrame (task, arm, rank, metrics, selected)."""
     import pandas as pd
-    rows = [{"task": task, "arm": arm, **vals, "selected": arm in selection["recipes"][task]}
-            for task, arms in selection["scores"].items() for arm, vals in arms.items()]
+
+    rows = [
+        {"task": task, "arm": arm, **vals, "selected": arm in selection["recipes"][task]}
+        for task, arms in selection["scores"].items()
+        for arm, vals in arms.items()
+    ]
     return pd.DataFrame(rows).sort_values(["task", "rank"]).reset_index(drop=True)

@@ -79,8 +79,13 @@ def _train_papermill(cfg: RunConfig) -> tuple[str | None, str | None]:
     try:
         # The trainer refuses a non-empty new run directory, so the notebook is written beside
         # it while it runs and moved in afterwards.
-        pm.execute_notebook(str(TRAIN_NOTEBOOK), str(staging), parameters=cfg.to_dict(), cwd=str(TRAIN_NOTEBOOK.parent),
-                            progress_bar=False)
+        pm.execute_notebook(
+            str(TRAIN_NOTEBOOK),
+            str(staging),
+            parameters=cfg.to_dict(),
+            cwd=str(TRAIN_NOTEBOOK.parent),
+            progress_bar=False,
+        )
     except Exception as exc:  # papermill saved the partially executed notebook first
         run_dir.mkdir(parents=True, exist_ok=True)
         failed = run_dir / "10_train.failed.ipynb"
@@ -96,6 +101,7 @@ def _train_papermill(cfg: RunConfig) -> tuple[str | None, str | None]:
 def _train_inprocess(cfg: RunConfig, progress: bool) -> tuple[str | None, str | None]:
     """Call trainer.train for one run; a failure's traceback goes to <run_dir>/failure.txt."""
     from ..trainer import train
+
     try:
         train(cfg, progress=progress)
     except Exception as exc:
@@ -183,5 +189,3 @@ def _unit_cost(unit: dict) -> float:
         return 0.0
     c = unit["config"]
     return c["response_budget"] / (c["rollout_batch_size"] * c["n_samples_per_prompt"])
-
-
