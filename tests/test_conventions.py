@@ -293,7 +293,7 @@ def test_config_drift_reads_the_old_name(tmp_path):
     assert _config_drift(cfg) == []
     record["generation_batch_size"] = 512
     atomic_write_json(RunDir(cfg.run_dir).config_path, {"config": record})
-    assert _config_drift(cfg) == ["max_concurrent_sequences: recorded 512, planned 256"]
+    assert _config_drift(cfg) == ["max_concurrent_sequences: recorded 512, now 256"]
 
 
 def test_no_file_uses_the_old_name_outside_records():
@@ -306,8 +306,15 @@ def test_no_file_uses_the_old_name_outside_records():
                 and "generation_batch_size" in path.read_text(errors="ignore")
             ):
                 hits.append(str(path.relative_to(ROOT)))
-    # the mapping to TRL names TRL's key, and the config keeps the alias
-    assert sorted(hits) == ["docs/conventions.md", "lib/grpo_knobs/config.py", "lib/grpo_knobs/conventions.py"]
+    # the mapping to TRL and the TRL peer benchmark name TRL's key, the config keeps the alias, and the
+    # field's help (in the generated parameters cell) warns that TRL's key means something else
+    assert sorted(hits) == [
+        "benchmarks/peers/trl_grpo.py",
+        "docs/conventions.md",
+        "lib/grpo_knobs/config.py",
+        "lib/grpo_knobs/conventions.py",
+        "notebooks/10_train.ipynb",
+    ]
 
 
 # ----------------------------------------------------------------------------- grpo-knobs knobs
