@@ -24,9 +24,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" $(TRITON_SPEC)
 	$(BIN)/python -m pip install -q -e ".[test,tracking,ray]"
-# TRL's GRPOConfig alone (tests/test_conventions.py builds real ones) with the accelerate it imports; its
-# trainer's other dependencies are not needed. SGLang's argument parser and API types (tests/test_sglang.py).
-	$(BIN)/python -m pip install -q --no-deps trl==1.16.0 accelerate==1.15.0
+# TRL with the accelerate and datasets it imports (tests/test_conventions.py builds real GRPOConfigs,
+# tests/test_benchmarks.py runs the TRL peer script on CPU); SGLang's argument parser and API types
+# (tests/test_sglang.py). --no-deps: their torch and transformers pins would replace ours.
+	$(BIN)/python -m pip install -q --no-deps trl==1.16.0 accelerate==1.15.0 datasets==4.8.4 dill==0.4.0 \
+		multiprocess==0.70.18 xxhash==3.6.0
 	$(BIN)/python -m pip install -q --no-deps -r tests/sglang-api-requirements.txt
 	touch $(STAMP)
 

@@ -265,16 +265,56 @@ def test_trl_peer_script_cpu(tmp_path):
     import pytest
 
     pytest.importorskip("trl")
+    pytest.importorskip("datasets")  # GRPOTrainer's own dependency
     out = tmp_path / "trl-cpu.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.peers.trl_grpo", "--model", "tiny-random", "--prompts", "2",
-                           "--group", "2", "--batch", "2", "--micro-batch", "1", "--max-new-tokens", "8",
-                           "--responses", "8", "--eval-problems", "4", "--device", "cpu", "--out", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.peers.trl_grpo",
+            "--model",
+            "tiny-random",
+            "--prompts",
+            "2",
+            "--group",
+            "2",
+            "--batch",
+            "2",
+            "--micro-batch",
+            "1",
+            "--max-new-tokens",
+            "8",
+            "--responses",
+            "8",
+            "--eval-problems",
+            "4",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
-    assert r["knobs"] == {"P": 2, "G": 2, "B": 2, "S": 2, "per_device_train_batch_size": 1,
-                          "gradient_accumulation_steps": 2, "steps_per_generation": 4, "generation_batch_size": 4}
+    assert r["knobs"] == {
+        "P": 2,
+        "G": 2,
+        "B": 2,
+        "S": 2,
+        "per_device_train_batch_size": 1,
+        "gradient_accumulation_steps": 2,
+        "steps_per_generation": 4,
+        "generation_batch_size": 4,
+    }
     assert r["responses"] == 8 and r["updates"] == 4 and r["completed"] and r["seconds_per_1024_responses"] > 0
     assert [c["responses"] for c in r["reward_curve"]] == [4, 8]  # one reward entry per generation of P x G
     assert r["validation_problems"] == 4
