@@ -185,11 +185,8 @@ class RunConfig:
     recipe: str = field(default="", metadata={"help": "Display name of the recipe in tables."})
 
     def __post_init__(self) -> None:
-        self.validate()
         # Derived once: S (when left to be derived) and the plan every later step reads.
-        plan = BatchPlan(
-            self.rollout_batch_size, self.n_samples_per_prompt, self.global_batch_size, self.num_steps_per_rollout
-        )
+        plan = self.validate()
         object.__setattr__(self, "num_steps_per_rollout", plan.num_steps_per_rollout)
         object.__setattr__(self, "plan", plan)
 
@@ -209,8 +206,9 @@ class RunConfig:
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.resolved_run_id
 
-    def validate(self) -> None:
-        """Fail fast, with the field name and a fix, on any bad value. Changes nothing."""
+    def validate(self) -> BatchPlan:
+        """Fail fast, with the field name and a fix, on any bad value. Changes nothing; returns the
+        batch plan it checked."""
         _check_types(self)
         plan = BatchPlan(
             self.rollout_batch_size, self.n_samples_per_prompt, self.global_batch_size, self.num_steps_per_rollout
@@ -266,13 +264,13 @@ class RunConfig:
         # SGLang server settings
         if not 0.0 < self.sglang_mem_fraction < 1.0:
             raise ValueError(f"sglang_mem_fraction must lie in (0, 1), got {self.sglang_mem_fraction}.")
+        # Types are already checked (_check_types); only the ranges are left.
         gpu = self.sglang_base_gpu_id
-        if gpu is not None and (not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0):
+        if gpu is not None and gpu < 0:
             raise ValueError(f"sglang_base_gpu_id must be a GPU number >= 0 or None (pick one), got {gpu!r}.")
         for name in ("sglang_max_retries", "sglang_max_restarts"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {v!r}.")
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {getattr(self, name)!r}.")
         for name in ("sglang_request_timeout", "sglang_startup_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {getattr(self, name)!r}.")
@@ -280,6 +278,7 @@ class RunConfig:
             from .rollout.sglang import split_server_args
 
             split_server_args(self.sglang_server_args)
+        return plan
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
