@@ -255,6 +255,8 @@ class Trainer:
             self.engine = make_engine(cfg.engine, self.model, self.tokenizer, **engine_kw)
             self.sampler = PromptSampler(len(self.train_pool), cfg.seed)
             self._prompt_cache: dict[int, list[int]] = {}
+            self.packed = uses_packed(cfg.trainer_path, self.model)
+            self._token_budget: int | None = None
 
     def _autocast(self):
         if self.device.type == "cuda":
@@ -286,22 +288,10 @@ class Trainer:
         seqs = [Sequence(prompt_ids[k], list(ids)) for k, ids in zip(gen.prompt_index, gen.token_ids)]
         return Collection(collection, indices, gen, rewards, seqs)
 
-    @property
-    def packed(self) -> bool:
-        """Whether the trainer runs the packed path (``cfg.trainer_path``; auto: where the model allows)."""
-        if not hasattr(self, "_packed"):
-            path = self.cfg.trainer_path
-            if path in ("packed", "packed-compiled") and not supports_packed(self.model):
-                raise ValueError(
-                    f"trainer_path=packed does not support {type(self.model).__name__}; use auto or padded."
-                )
-            self._packed = path in ("packed", "packed-compiled") or (path == "auto" and supports_packed(self.model))
-        return self._packed
-
     def _micro_batches(self, idx: list[int], seqs: list[Sequence]) -> list[list[int]]:
         cfg = self.cfg
         if self.packed and cfg.micro_batch_size is None:
-            if not hasattr(self, "_token_budget"):
+            if self._token_budget is None:  # sized on first use, once the engine holds its memory
                 self._token_budget = cfg.packed_tokens_per_micro_batch or (
                     memory_token_budget(self.model, self.device)
                     if self.device.type == "cuda"
@@ -632,6 +622,14 @@ class Trainer:
 
     def _write_timings(self) -> None:
         atomic_write_json(self.run.timings_path, self.clock.summary())
+
+
+def uses_packed(trainer_path: str, model: torch.nn.Module) -> bool:
+    """Whether the trainer runs the packed path: ``packed``/``packed-compiled``, or ``auto`` where the model allows."""
+    supported = supports_packed(model)
+    if trainer_path in ("packed", "packed-compiled") and not supported:
+        raise ValueError(f"trainer_path=packed does not support {type(model).__name__}; use auto or padded.")
+    return trainer_path != "padded" and supported
 
 
 def _collection_diagnostics(batch: Collection, adv: torch.Tensor, old_logp: list[torch.Tensor], g: int) -> dict:
