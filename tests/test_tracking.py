@@ -250,32 +250,12 @@ def test_points_skip_absent_values_and_keep_new_fields():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    "open_tracker" not in (ROOT / "lib" / "grpo_knobs" / "trainer.py").read_text(),
-    reason="the trainer does not call grpo_knobs.tracking.open_tracker yet",
-)
 def test_training_with_a_live_tracker(tmp_path):
     """A real (tiny, CPU) run with tracker=tensorboard: the event files hold its records, the records are unchanged."""
     from grpo_knobs.trainer import train
+    from test_trainer import tiny_cfg
 
-    cfg = RunConfig(
-        task="countdown-2x10",
-        model="tiny-random",
-        rollout_batch_size=4,
-        n_samples_per_prompt=4,
-        global_batch_size=8,
-        response_budget=32,
-        eval_every_responses=16,
-        eval_problems=4,
-        max_new_tokens=8,
-        lr=1e-3,
-        seed=3,
-        output_dir=str(tmp_path),
-        run_id="tiny",
-        max_tokens_per_micro_batch=64,
-        device="cpu",
-        tracker="tensorboard",
-    )
+    cfg = tiny_cfg(tmp_path, response_budget=32, eval_every_responses=16, tracker="tensorboard")
     run = RunDir(train(cfg, progress=False))
     got = _scalars(run.path / "tracking" / "tensorboard" / "tiny")
     rows = run.collections()

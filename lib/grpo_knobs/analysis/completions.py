@@ -9,15 +9,15 @@ neither; the functions then return an empty frame.
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from ..records import SAMPLE_FIELDS, RunDir
+
 SAMPLES_FILE = "samples.jsonl.gz"
-SAMPLE_COLUMNS = ("collection", "responses", "prompt_id", "reward", "finish_reason", "length", "text")
+SAMPLE_COLUMNS = SAMPLE_FIELDS
 EXAMPLE_COLUMNS = ("stage", *SAMPLE_COLUMNS)
 
 
@@ -36,18 +36,12 @@ def _stage_points(points: np.ndarray) -> dict[str, int]:
 def load_samples(run_dir: str | Path) -> pd.DataFrame:
     """Rows of ``samples.jsonl.gz`` (empty frame with its columns when the run has none).
 
-    The trainer appends one gzip member per collection; a run killed mid-write
-    can leave a torn last member, which is dropped (every earlier member is
-    whole), as the run records' own reader does.
+    Read by the run directory's own reader (:meth:`RunDir.samples`), which drops
+    a torn last gzip member left by a kill.
     """
-    path = Path(run_dir) / SAMPLES_FILE
-    rows = []
-    if path.is_file():
-        try:
-            with gzip.open(path, "rt", encoding="utf-8") as fh:
-                rows.extend(json.loads(line) for line in fh if line.strip())
-        except (EOFError, gzip.BadGzipFile, json.JSONDecodeError):
-            pass
+    run = RunDir(run_dir)
+    rows = run.samples()
+    path = run.samples_path
     if not rows:
         return pd.DataFrame(columns=list(SAMPLE_COLUMNS))
     frame = pd.DataFrame(rows)
