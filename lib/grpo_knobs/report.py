@@ -300,27 +300,13 @@ def _written_tables(nb: Any, tables_dir: Path) -> list[Path]:
     return sorted(p for p in tables_dir.glob("*.md") if any(pat.fullmatch(p.name) for pat in patterns))
 
 
-def _coalesced_streams(outputs: list[Any]) -> list[Any]:
-    """Consecutive prints to one stream as one output: how a kernel splits them into messages
-    depends on flush timing, and a table's caption may arrive apart from the table."""
-    merged: list[Any] = []
-    for output in outputs:
-        last = merged[-1] if merged else None
-        if (
-            last is not None
-            and output.get("output_type") == "stream" == last.get("output_type")
-            and output.get("name") == last.get("name")
-        ):
-            merged[-1] = {**last, "text": last["text"] + output["text"]}
-        else:
-            merged.append(output)
-    return merged
-
-
 def notebook_html(path: Path, tables_dir: Path, page: _Page) -> str:
     import nbformat
+    from nbconvert.preprocessors import CoalesceStreamsPreprocessor
 
-    nb = nbformat.read(path, as_version=4)
+    # Consecutive prints to one stream as one output: how a kernel splits them into messages
+    # depends on flush timing, and a table's caption may arrive apart from the table.
+    nb, _ = CoalesceStreamsPreprocessor().preprocess(nbformat.read(path, as_version=4), {})
     parts = []
     titled = False
     figures = 0
@@ -334,7 +320,7 @@ def notebook_html(path: Path, tables_dir: Path, page: _Page) -> str:
         if cell.cell_type != "code" or "parameters" in cell.metadata.get("tags", []):
             continue
         rendered, chars = [], 0
-        for output in _coalesced_streams(cell.get("outputs", [])):
+        for output in cell.get("outputs", []):
             if output.get("output_type") in ("display_data", "execute_result") and (
                 "image/png" in output.get("data", {}) or "image/svg+xml" in output.get("data", {})
             ):
