@@ -200,6 +200,71 @@ def test_packed_matches_padded_on_smollm2():
     _compare(model, seqs, "sequence-mean", logp_atol=1e-4, rel=1e-4)
 
 
+class _ReferenceLigerOps:
+    """liger-kernel's three autograd functions as plain torch, with the signatures and layouts its
+    ops document (liger_kernel/ops: rms_norm.LigerRMSNormFunction.forward(X, W, eps, offset,
+    casting_mode, in_place), "llama" casting: float32 statistics, (X * rstd).to(X.dtype) * W;
+    rope.LigerRopeFunction.forward(q, k, cos, sin) with q [bsz, n_q_head, seq_len, head_dim] and
+    cos/sin [1, seq_len, head_dim]; swiglu.LigerSiLUMulFunction.forward(a, b) = silu(a) * b).
+    Its kernels need a GPU; these check the packed layer's layouts on the CPU."""
+
+    class rms:
+        @staticmethod
+        def apply(x, w, eps, offset, casting_mode, in_place):
+            assert casting_mode == "llama" and offset == 0.0
+            h = x.float()
+            return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+    class rope:
+        @staticmethod
+        def apply(q, k, cos, sin):
+            assert q.dim() == 4 and q.size(0) == 1 and cos.shape == (1, q.size(2), q.size(3))
+
+            def rot(x):
+                x1, x2 = x.chunk(2, dim=-1)
+                return torch.cat((-x2, x1), dim=-1)
+
+            c, s = cos[:, None], sin[:, None]  # [1, 1, T, D] over [1, H, T, D]
+            return q * c + rot(q) * s, k * c + rot(k) * s
+
+    class silu_mul:
+        @staticmethod
+        def apply(a, b):
+            return torch.nn.functional.silu(a) * b
+
+
+def test_liger_layer_layout_matches_eager_layer(monkeypatch):
+    """The liger backend's calls (views, transposes, rotary table shape) give the eager layer's hidden
+    states and gradients when liger's functions compute what they document."""
+    from grpo_knobs import packing
+
+    ops = _ReferenceLigerOps
+    monkeypatch.setitem(packing._COMPILED, "liger", (ops.rms, ops.rope, ops.silu_mul))
+    model = _tiny_model()
+    pb = pack(_sequences(), "cpu")
+    out = {}
+    for backend in ("eager", "liger"):
+        model.zero_grad()
+        h = packed_hidden_states(model, pb, backend)  # [N, H_model]
+        (h * torch.linspace(-1, 1, h.numel()).view_as(h)).sum().backward()
+        out[backend] = (h.detach(), [p.grad.clone() for p in model.parameters()])
+    torch.testing.assert_close(out["liger"][0], out["eager"][0], rtol=1e-5, atol=1e-6)
+    for a, b in zip(out["liger"][1], out["eager"][1]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_trainer_path_resolution_fails_fast_off_cuda():
+    from grpo_knobs.trainer import resolve_trainer_path
+
+    cpu = torch.device("cpu")
+    model = _tiny_model()
+    assert resolve_trainer_path("auto", model, cpu) == "packed"
+    assert resolve_trainer_path("padded", model, cpu) == "padded"
+    for path in ("packed-liger", "packed-compiled"):
+        with pytest.raises(ValueError, match="runs on CUDA only; use trainer_path=packed"):
+            resolve_trainer_path(path, model, cpu)
+
+
 @pytest.mark.parametrize(
     "extra",
     [
@@ -240,7 +305,7 @@ def test_trainer_packed_and_padded_paths_agree(tmp_path, extra):
         )
         trainer = Trainer(cfg, progress=False)
         run = RunDir(trainer.run_loop())
-        assert trainer.packed == (path == "packed")
+        assert trainer.trainer_path == path and (trainer.packed_backend is not None) == (path == "packed")
         rows[path] = run.collections()[0]
     pad, pk = rows["padded"], rows["packed"]
     assert pad["reward_mean"] == pk["reward_mean"] and pad["output_tokens"] == pk["output_tokens"]
@@ -251,14 +316,16 @@ def test_trainer_packed_and_padded_paths_agree(tmp_path, extra):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: variable-length flash attention and bf16")
-@pytest.mark.parametrize("compile", [False, True])
-def test_packed_matches_padded_on_cuda_in_bf16(compile):
+@pytest.mark.parametrize("backend", ["eager", "liger", "compiled"])
+def test_packed_matches_padded_on_cuda_in_bf16(backend):
     """On the GPU (bf16 autocast, flash varlen attention) both paths round differently, so each is held
     against the padded path in float32: the packed path's log-prob error and gradient-norm error must stay
     within 1.5x the padded bf16 path's own error (plus 1e-3), i.e. no worse than today's trainer."""
     from grpo_knobs.models import load_model
-    from grpo_knobs.packing import score_packed, update_packed
+    from grpo_knobs.packing import liger_available, score_packed, update_packed
 
+    if backend == "liger" and not liger_available():
+        pytest.skip("liger-kernel is not installed")
     model, tok, _ = load_model("smollm2-135m-instruct", device="cuda", dtype=torch.float32)
     model.eval()
     seqs = _sequences(n=24, seed=4, vocab=len(tok))
@@ -286,7 +353,7 @@ def test_packed_matches_padded_on_cuda_in_bf16(compile):
     ref, pad = padded(fp32), padded(autocast)
     micro = token_budget_micro_batches([len(s) for s in seqs], 1500)
     assert len(micro) > 1
-    got = score_packed(model, seqs, micro, dev, 1.0, autocast, compile)
+    got = score_packed(model, seqs, micro, dev, 1.0, autocast, backend)
 
     def err(x):
         return float(torch.cat([a - b for a, b in zip(x, ref)]).abs().mean())
@@ -300,7 +367,7 @@ def test_packed_matches_padded_on_cuda_in_bf16(compile):
     cfg = type(
         "C", (), dict(clip_low=0.2, clip_high=0.28, loss_aggregation="sequence-mean", kl_coef=0.0, temperature=1.0)
     )
-    out = update_packed(model, seqs, list(range(len(seqs))), micro, adv, old, None, cfg, dev, autocast, compile)
+    out = update_packed(model, seqs, list(range(len(seqs))), micro, adv, old, None, cfg, dev, autocast, backend)
     g_packed = float(torch.cat([p.grad.flatten() for p in model.parameters()]).norm())
     assert abs(out["loss"] - loss32) <= 1.5 * abs(loss16 - loss32) + 1e-3 * abs(loss32) + 1e-6
     assert abs(g_packed - g32) <= 1.5 * abs(g16 - g32) + 1e-2 * g32, (g_packed, g16, g32)

@@ -87,9 +87,10 @@ class RunConfig:
         default="auto",
         metadata={
             "help": "Trainer forward/backward: packed (sequences back to back, no padding, variable-length attention, "
-            "chunked log-prob head), packed-compiled (the same through torch.compile on CUDA), padded "
-            "(right-padded micro-batches), or auto: packed where the model supports it. Same loss and "
-            "gradients up to rounding."
+            "chunked log-prob head), packed-liger (the same with liger-kernel's fused RMSNorm, rotary and SwiGLU; "
+            "CUDA), packed-compiled (the same through torch.compile; CUDA), padded (right-padded micro-batches), "
+            "or auto: packed-liger on CUDA where liger-kernel is installed, else packed, where the model supports "
+            "it. Same loss and gradients up to rounding."
         },
     )
     packed_tokens_per_micro_batch: int | None = field(
@@ -394,9 +395,11 @@ def _literal(value: Any) -> str:
 
 
 # Fields that may change when a run is resumed: where and how it runs, not what it learns.
-RESUMABLE_FIELDS = frozenset({"resume", "output_dir", "device", "engine_url", "data_dir", "tracker", "tracking_dir"})
+RESUMABLE_FIELDS = frozenset(
+    {"resume", "output_dir", "device", "engine_url", "data_dir", "tracker", "tracking_dir", "resume_every_collections"}
+)
 FAST_ROLLOUT = ("auto", "on", "off", "fused")
-TRAINER_PATHS = ("auto", "packed", "packed-compiled", "padded")
+TRAINER_PATHS = ("auto", "packed", "packed-liger", "packed-compiled", "padded")
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 

@@ -429,7 +429,8 @@ def load_model(
     folder = fetch_model(name, gguf=gguf)
     device = torch.device(device)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device)
+    # straight onto the device: no host copy of the weights to move afterwards
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, device_map=device)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     if tokenizer.pad_token is None:  # transformers 5.17's GGUF tokenizer has none (NOTES.md)
         tokenizer.pad_token = tokenizer.eos_token

@@ -8,6 +8,10 @@ cumulative sequence starts on CUDA, one causal SDPA call per sequence elsewhere.
 output projection, log-softmax and gather run over chunks of response positions with the
 logits recomputed in the backward pass, so memory holds one chunk of logits at a time.
 
+Three backends run the same arithmetic: ``eager`` (plain torch ops), ``liger`` (liger-kernel's
+fused RMSNorm, rotary and SwiGLU kernels with their own backward passes; CUDA only) and
+``compiled`` (the decoder layer and the head through torch.compile; CUDA only).
+
 The loss is the padded path's loss on the same responses (``grpo.clipped_surrogate_loss``),
 written over flat token vectors; its statistics stay on the device and are read once per
 update. ``tests/test_packing.py`` checks log-probs, loss and gradient norm against the
@@ -26,6 +30,9 @@ import torch.nn.functional as F
 from .grpo import Sequence
 
 PACKED_MODEL_TYPES = ("llama", "qwen2")  # decoder layers this module's forward reproduces
+BACKENDS = ("eager", "liger", "compiled")
+# trainer_path -> backend
+PACKED_BACKENDS = {"packed": "eager", "packed-liger": "liger", "packed-compiled": "compiled"}
 STAT_NAMES = ("tokens", "clipped_low", "clipped_high", "ratio_sum", "ratio_max", "approx_kl_sum", "kl_penalty_sum")
 
 
@@ -140,8 +147,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def _varlen_cuda_fn():
-    """Causal variable-length flash attention, fn(q, k, v, cu_seqlens, max_len, scale) with q/k/v [N, H, D]
-    (heads already repeated): torch.nn.attention.varlen where this torch has it, else the aten op."""
+    """Causal variable-length flash attention, fn(q, k, v, cu_seqlens, max_len, scale) with q [N, Hq, D] and
+    k/v [N, Hkv, D]: torch.nn.attention.varlen where this torch has it, else the aten op. Flash attention
+    reads each key/value head for its group of query heads, so k and v are never repeated."""
     if "varlen" in _COMPILED:
         return _COMPILED["varlen"]
     try:
@@ -168,12 +176,13 @@ def _varlen_cuda_fn():
 def _per_sequence_sdpa(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int], scale: float
 ) -> torch.Tensor:
-    """Reference and CPU path: one causal SDPA call per sequence. q/k/v [N, H, D] -> [N, H, D]."""
+    """Reference and CPU path: one causal SDPA call per sequence. q [N, Hq, D], k/v [N, Hkv, D] -> [N, Hq, D]."""
+    gqa = k.size(1) != q.size(1)
     outs = []
     for qs, ks, vs in zip(q.split(lengths), k.split(lengths), v.split(lengths)):
         o = F.scaled_dot_product_attention(
-            qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1), is_causal=True, scale=scale
-        )  # [H, L, D]
+            qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1), is_causal=True, scale=scale, enable_gqa=gqa
+        )  # [Hq, L, D]
         outs.append(o.transpose(0, 1))
     return torch.cat(outs)
 
@@ -189,6 +198,24 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     return F.linear(x, weight, bias)
 
 
+def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused) -> torch.Tensor:
+    """RMSNorm of [N, H_model]: plain ops, or liger's kernel ("llama" casting: float32 statistics, x's dtype out)."""
+    return _rms_norm(x, weight, eps) if fused is None else fused[0].apply(x, weight, eps, 0.0, "llama", False)
+
+
+def _rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fused):
+    """Rotary embedding of q [N, Hq, D] and k [N, Hkv, D]; cos/sin [N, 1, D] (plain) or [1, N, D] (liger,
+    which takes [1, H, N, D] views of the same storage and rotates q and k in one kernel)."""
+    if fused is None:
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    q, k = fused[1].apply(q[None].transpose(1, 2), k[None].transpose(1, 2), cos, sin)  # [1, H, N, D]
+    return q.transpose(1, 2)[0], k.transpose(1, 2)[0]
+
+
+def _silu_mul(gate: torch.Tensor, up: torch.Tensor, fused) -> torch.Tensor:
+    return F.silu(gate) * up if fused is None else fused[2].apply(gate, up)
+
+
 def _decoder_layer(
     x: torch.Tensor,
     cos: torch.Tensor,
@@ -201,33 +228,46 @@ def _decoder_layer(
     n_kv: int,
     head_dim: int,
     attend,
+    fused: tuple | None = None,
 ) -> torch.Tensor:
     """One llama decoder layer over a packed row: x [N, H_model] -> [N, H_model].
 
     ``w`` holds the layer's tensors (input norm, q/k/v/o weights and biases, post norm,
-    gate/up/down) so that one compiled graph serves every layer.
+    gate/up/down) so that one compiled graph serves every layer. ``fused``: None for plain
+    torch ops, or liger-kernel's (RMSNorm, rotary, SiLU-mul) functions, each of which replaces
+    several elementwise passes over the activations in both directions. The residual stream
+    stays float32 either way.
     """
     ln1, wq, bq, wk, bk, wv, bv, wo, bo, ln2, wg, wu, wd = w
     n = x.size(0)
-    h = _rms_norm(x, ln1, eps)
+    h = _norm(x, ln1, eps, fused)
     q = _linear(h, wq, bq).view(n, n_heads, head_dim)  # [N, Hq, D]
     k = _linear(h, wk, bk).view(n, n_kv, head_dim)  # [N, Hkv, D]
     v = _linear(h, wv, bv).view(n, n_kv, head_dim)  # [N, Hkv, D]
-    q = q * cos + _rotate_half(q) * sin
-    k = k * cos + _rotate_half(k) * sin
-    if n_kv != n_heads:
-        k = k.repeat_interleave(n_heads // n_kv, dim=1)  # [N, Hq, D]
-        v = v.repeat_interleave(n_heads // n_kv, dim=1)
+    q, k = _rotary(q, k, cos, sin, fused)
     if torch.is_autocast_enabled(q.device.type):  # SDPA under autocast runs in the low-precision dtype too
         low = torch.get_autocast_dtype(q.device.type)
         q, k, v = q.to(low), k.to(low), v.to(low)
     o = attend(q, k, v, cu_seqlens, max_len, head_dim**-0.5).reshape(n, n_heads * head_dim)  # [N, Hq*D]
     x = x + _linear(o, wo, bo)
-    h = _rms_norm(x, ln2, eps)
-    return x + _linear(F.silu(_linear(h, wg, None)) * _linear(h, wu, None), wd, None)
+    h = _norm(x, ln2, eps, fused)
+    return x + _linear(_silu_mul(_linear(h, wg, None), _linear(h, wu, None), fused), wd, None)
 
 
 _COMPILED: dict[str, object] = {}
+
+
+def _liger_ops():
+    """liger-kernel's autograd functions (RMSNorm, rotary, SiLU-mul); ImportError names the missing package."""
+    if "liger" not in _COMPILED:
+        try:
+            from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+            from liger_kernel.ops.rope import LigerRopeFunction
+            from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+        except ImportError as e:
+            raise ImportError(f"trainer_path=packed-liger needs liger-kernel (pip install liger-kernel): {e}") from e
+        _COMPILED["liger"] = (LigerRMSNormFunction, LigerRopeFunction, LigerSiLUMulFunction)
+    return _COMPILED["liger"]
 
 
 def _compiled_layer():
@@ -255,12 +295,32 @@ def _layer_tensors(layer: torch.nn.Module) -> tuple:
     )
 
 
-def packed_hidden_states(model: torch.nn.Module, pb: PackedBatch, compile: bool = False) -> torch.Tensor:
+def liger_available() -> bool:
+    """Whether liger-kernel's fused ops import here."""
+    try:
+        _liger_ops()
+    except ImportError:
+        return False
+    return True
+
+
+def check_backend(backend: str, device: torch.device) -> None:
+    """Fail fast, in one line, on a backend this device or environment cannot run."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown packed backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+    if backend in ("liger", "compiled") and device.type != "cuda":
+        raise ValueError(f"the packed {backend} backend runs on CUDA only; use trainer_path=packed on {device.type}")
+    if backend == "liger":
+        _liger_ops()
+
+
+def packed_hidden_states(model: torch.nn.Module, pb: PackedBatch, backend: str = "eager") -> torch.Tensor:
     """Final-norm hidden states [N, H_model] of a llama-style decoder over a packed batch.
 
     Uses the model's own parameters and rotary table; the layer arithmetic is LlamaDecoderLayer's
-    with the attention call replaced by the variable-length one. ``compile`` runs the layer
-    through torch.compile (one graph, dynamic in N, shared by all layers; CUDA only).
+    with the attention call replaced by the variable-length one. ``backend``: ``eager``,
+    ``liger`` (fused kernels) or ``compiled`` (one torch.compile graph, dynamic in N, shared by
+    all layers); the last two on CUDA only.
     """
     base = model.base_model
     cfg = model.config
@@ -274,15 +334,16 @@ def packed_hidden_states(model: torch.nn.Module, pb: PackedBatch, compile: bool 
         def attend(q, k, v, cu, max_len, scale):
             return _per_sequence_sdpa(q, k, v, lengths, scale)
 
-    layer_fn = _compiled_layer() if compile and pb.input_ids.is_cuda else _decoder_layer
     x = base.embed_tokens(pb.input_ids)  # [N, H_model]
     cos, sin = base.rotary_emb(x[None], pb.position_ids[None])  # [1, N, D] each
-    cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [N, 1, D]
+    fused = _liger_ops() if backend == "liger" else None
+    if fused is None:
+        cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [N, 1, D]
+    layer_fn = _compiled_layer() if backend == "compiled" else _decoder_layer
     eps = base.layers[0].input_layernorm.variance_epsilon
     for layer in base.layers:
-        x = layer_fn(
-            x, cos, sin, pb.cu_seqlens, pb.max_len, _layer_tensors(layer), eps, n_heads, n_kv, head_dim, attend
-        )
+        w = _layer_tensors(layer)
+        x = layer_fn(x, cos, sin, pb.cu_seqlens, pb.max_len, w, eps, n_heads, n_kv, head_dim, attend, fused)
     return _rms_norm(x, base.norm.weight, base.norm.variance_epsilon)  # [N, H_model]
 
 
@@ -382,15 +443,15 @@ def chunked_target_logprobs(
 
 
 def packed_token_logprobs(
-    model: torch.nn.Module, pb: PackedBatch, temperature: float = 1.0, chunk: int = 8192, compile: bool = False
+    model: torch.nn.Module, pb: PackedBatch, temperature: float = 1.0, chunk: int = 8192, backend: str = "eager"
 ) -> torch.Tensor:
     """Log-probs of every response token of a packed batch: [Nr] float32, sequence after sequence."""
-    hidden = packed_hidden_states(model, pb, compile)  # [N, H_model]
+    hidden = packed_hidden_states(model, pb, backend)  # [N, H_model]
     h = hidden.index_select(0, pb.predict_index)  # [Nr, H_model]
     head = model.get_output_embeddings()
     if getattr(head, "bias", None) is not None:
         raise ValueError("packed log-probs assume an output projection without bias; use trainer_path=padded.")
-    return chunked_target_logprobs(h, head.weight, pb.targets, temperature, chunk, compile)
+    return chunked_target_logprobs(h, head.weight, pb.targets, temperature, chunk, backend == "compiled")
 
 
 # ----------------------------------------------------------------------------- loss
@@ -472,7 +533,7 @@ def score_packed(
     device: torch.device,
     temperature: float,
     autocast,
-    compile: bool = False,
+    backend: str = "eager",
 ) -> list[torch.Tensor]:
     """Per-response token log-probs ([len_i] float32 on the host, as ``Trainer._score``), one
     device-to-host copy for the whole pass."""
@@ -481,7 +542,7 @@ def score_packed(
         for mb_idx in micro:
             pb = pack([seqs[i] for i in mb_idx], device)
             with autocast():
-                outs.append(packed_token_logprobs(model, pb, temperature, compile=compile))  # [Nr_mb]
+                outs.append(packed_token_logprobs(model, pb, temperature, backend=backend))  # [Nr_mb]
     order = [i for mb in micro for i in mb]
     pieces = torch.cat(outs).cpu().split([len(seqs[i].response_ids) for i in order])
     out: list[torch.Tensor | None] = [None] * len(seqs)
@@ -501,7 +562,7 @@ def update_packed(
     cfg,
     device: torch.device,
     autocast,
-    compile: bool = False,
+    backend: str = "eager",
 ) -> dict:
     """Forward, loss and backward of one update's responses ``idx`` over packed micro-batches
     (gradients accumulate; the caller clips and steps). ``cfg`` supplies clip_low, clip_high,
@@ -513,7 +574,7 @@ def update_packed(
     for mb_idx in micro:
         pb = pack([seqs[i] for i in mb_idx], device)
         with autocast():
-            logp = packed_token_logprobs(model, pb, cfg.temperature, compile=compile)  # [Nr]
+            logp = packed_token_logprobs(model, pb, cfg.temperature, backend=backend)  # [Nr]
         if any(old_logp[i] is None for i in mb_idx):
             for i, piece in zip(mb_idx, logp.detach().cpu().split(pb.response_split)):
                 old_logp[i] = piece if old_logp[i] is None else old_logp[i]

@@ -40,7 +40,16 @@ from .grpo import (
 )
 from .knobs import update_slices
 from .locks import exclusive, run_lock_path
-from .packing import memory_token_budget, score_packed, supports_packed, token_budget_micro_batches, update_packed
+from .packing import (
+    PACKED_BACKENDS,
+    check_backend,
+    liger_available,
+    memory_token_budget,
+    score_packed,
+    supports_packed,
+    token_budget_micro_batches,
+    update_packed,
+)
 from .prompts import prompt_version
 from .provenance import git_commit, package_versions, source_sha256
 from .records import RunDir, atomic_write_json, fsync_tree, read_json
@@ -255,7 +264,8 @@ class Trainer:
             self.engine = make_engine(cfg.engine, self.model, self.tokenizer, **engine_kw)
             self.sampler = PromptSampler(len(self.train_pool), cfg.seed)
             self._prompt_cache: dict[int, list[int]] = {}
-            self.packed = uses_packed(cfg.trainer_path, self.model)
+            self.trainer_path = resolve_trainer_path(cfg.trainer_path, self.model, self.device)
+            self.packed_backend = PACKED_BACKENDS.get(self.trainer_path)  # None: the padded path
             self._token_budget: int | None = None
 
     def _autocast(self):
@@ -290,7 +300,7 @@ class Trainer:
 
     def _micro_batches(self, idx: list[int], seqs: list[Sequence]) -> list[list[int]]:
         cfg = self.cfg
-        if self.packed and cfg.micro_batch_size is None:
+        if self.packed_backend and cfg.micro_batch_size is None:
             if self._token_budget is None:  # sized on first use, once the engine holds its memory
                 self._token_budget = cfg.packed_tokens_per_micro_batch or (
                     memory_token_budget(self.model, self.device)
@@ -305,7 +315,7 @@ class Trainer:
     @torch.no_grad()
     def _score(self, model: torch.nn.Module, seqs: list[Sequence]) -> list[torch.Tensor]:
         """Per-response token log-probs ([len_i] each) under ``model``, without gradients."""
-        if self.packed:
+        if self.packed_backend:
             return score_packed(
                 model,
                 seqs,
@@ -313,7 +323,7 @@ class Trainer:
                 self.device,
                 self.cfg.temperature,
                 self._autocast,
-                self.cfg.trainer_path == "packed-compiled",
+                self.packed_backend,
             )
         out: list[torch.Tensor | None] = [None] * len(seqs)
         for mb_idx in self._micro_batches(list(range(len(seqs))), seqs):
@@ -362,7 +372,7 @@ class Trainer:
         """
         cfg = self.cfg
         self.optimizer.zero_grad(set_to_none=True)
-        if self.packed:  # sequences back to back, no padding (grpo_knobs.packing)
+        if self.packed_backend:  # sequences back to back, no padding (grpo_knobs.packing)
             out = update_packed(
                 self.model,
                 seqs,
@@ -374,7 +384,7 @@ class Trainer:
                 cfg,
                 self.device,
                 self._autocast,
-                cfg.trainer_path == "packed-compiled",
+                self.packed_backend,
             )
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
             self.optimizer.step()
@@ -488,6 +498,7 @@ class Trainer:
             "device": str(self.device),
             "gpu": torch.cuda.get_device_name(0) if self.device.type == "cuda" else None,
             "rollout_path": getattr(self.engine, "path", cfg.engine),
+            "trainer_path": self.trainer_path,
             "engine_version": getattr(self.engine, "server_version", None),
             "packages": package_versions(),
             "git_commit": git_commit(),
@@ -624,12 +635,21 @@ class Trainer:
         atomic_write_json(self.run.timings_path, self.clock.summary())
 
 
-def uses_packed(trainer_path: str, model: torch.nn.Module) -> bool:
-    """Whether the trainer runs the packed path: ``packed``/``packed-compiled``, or ``auto`` where the model allows."""
+def resolve_trainer_path(trainer_path: str, model: torch.nn.Module, device: torch.device) -> str:
+    """The path the trainer runs: ``trainer_path`` itself, checked, or for ``auto`` the fastest
+    this model, device and environment support (packed-liger on CUDA with liger-kernel
+    installed, else packed; padded for models the packed forward does not reproduce)."""
     supported = supports_packed(model)
-    if trainer_path in ("packed", "packed-compiled") and not supported:
-        raise ValueError(f"trainer_path=packed does not support {type(model).__name__}; use auto or padded.")
-    return trainer_path != "padded" and supported
+    if trainer_path == "padded":
+        return trainer_path
+    if trainer_path == "auto":
+        if not supported:
+            return "padded"
+        return "packed-liger" if device.type == "cuda" and liger_available() else "packed"
+    if not supported:
+        raise ValueError(f"trainer_path={trainer_path} does not support {type(model).__name__}; use auto or padded.")
+    check_backend(PACKED_BACKENDS[trainer_path], device)
+    return trainer_path
 
 
 def _collection_diagnostics(batch: Collection, adv: torch.Tensor, old_logp: list[torch.Tensor], g: int) -> dict:
