@@ -1012,6 +1012,44 @@ def test_collapse_ignores_the_all_wrong_start_and_reports_recovery():
     assert an.add_collapse_column(table, points)["collapsed"].iloc[0].endswith("recovered after 2 collections")
 
 
+def test_plateau_outcomes_separate_escape_from_collapse():
+    """Two runs on one task: one ends on the plateau with every group unmixed, one ends above it."""
+    runs = pd.DataFrame(
+        {
+            "run_id": ["a", "b"],
+            "task": "t",
+            "phase": "p",
+            "label": ["x", "y"],
+            "arm": ["x", "y"],
+            "seed": [1, 2],
+            "lr": 2e-5,
+        }
+    )
+    stuck = [1.0, 0.5, 0.95, 1.0, 1.0, 1.0]
+    moving = [1.0, 0.5, 0.4, 0.5, 0.6, 0.7]
+    collections = pd.DataFrame(
+        {
+            "run_id": ["a"] * 6 + ["b"] * 6,
+            "collection": [*range(6), *range(6)],
+            "responses": np.tile(np.arange(1, 7) * 512, 2),
+            "reward_mean": 0.3,
+            "mixed_group_fraction": 1 - np.array(stuck + moving),
+            "entropy_mean": [2.0, 1.5, 0.5, 0.1, 0.1, 0.1, 2.0, 1.9, 1.8, 1.7, 1.6, 1.5],
+        }
+    )
+    curves = pd.DataFrame(
+        {"run_id": ["a", "a", "b", "b"], "responses": [0, 3072] * 2, "accuracy": [0.0, 0.35, 0.01, 0.60]}
+    )
+    series = an.zero_advantage_series(collections, runs)
+    points = an.collapse_points(series, an.CollapseRule(0.9, 1024))
+    out = an.plateau_outcomes(runs, curves, series, points, plateau_pct=35.0, last_collections=2).set_index("label")
+    assert out.loc["x", "escaped"] == False and out.loc["y", "escaped"] == True  # noqa: E712 (numpy bools)
+    assert out.loc["x", "final_pct"] == pytest.approx(35.0) and out.loc["y", "best_pct"] == pytest.approx(60.0)
+    assert out.loc["x", "collapsed"].startswith("at 1,536 responses") and out.loc["y", "collapsed"] == "no"
+    assert out.loc["x", "zero_advantage_last"] == pytest.approx(1.0)
+    assert out.loc["y", "entropy_last"] == pytest.approx(1.55) and out.loc["y", "entropy_first"] == 2.0
+
+
 def test_group_mixing_prediction_averages_the_formula_over_recorded_groups(study):
     from grpo_knobs import stats
 

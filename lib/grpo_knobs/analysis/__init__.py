@@ -74,6 +74,7 @@ from grpo_knobs.analysis.collapse import (
     describe_collapse,
     group_mixing_prediction,
     mixing_prediction_summary,
+    plateau_outcomes,
     zero_advantage_series,
 )
 from grpo_knobs.analysis.completions import (
@@ -122,6 +123,7 @@ from grpo_knobs.analysis.curves import (
     TRAINING_SIGNALS,
     curve_endpoint_table,
     eval_curves,
+    final_evaluation_rows,
     summarize_curves,
     training_signals,
 )
@@ -196,6 +198,7 @@ __all__ = [
     "describe_collapse",
     "group_mixing_prediction",
     "mixing_prediction_summary",
+    "plateau_outcomes",
     "zero_advantage_series",
     # completions
     "SAMPLES_FILE",
@@ -242,6 +245,7 @@ __all__ = [
     "TRAINING_SIGNALS",
     "curve_endpoint_table",
     "eval_curves",
+    "final_evaluation_rows",
     "summarize_curves",
     "training_signals",
     # confirmation

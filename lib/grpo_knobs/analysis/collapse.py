@@ -8,6 +8,7 @@ every prompt the same way (always right, or always wrong), so learning stops.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -150,6 +151,54 @@ def add_collapse_column(table: pd.DataFrame, points: pd.DataFrame) -> pd.DataFra
     shown = points.assign(collapsed_text=describe_collapse(points))[["task", "arm", "seed", "collapsed_text"]]
     merged = table.merge(shown, on=["task", "arm", "seed"], how="left")
     return merged.rename(columns={"collapsed_text": "collapsed"}).fillna({"collapsed": "n/a"})
+
+
+def plateau_outcomes(
+    runs: pd.DataFrame,
+    curves: pd.DataFrame,
+    series: pd.DataFrame,
+    points: pd.DataFrame,
+    plateau_pct: float | Mapping[str, float],
+    margin_pp: float = 2.0,
+    last_collections: int = 4,
+) -> pd.DataFrame:
+    """Per run: did it leave a one-category plateau, and did it stop learning?
+
+    ``curves`` from :func:`eval_curves`, ``series`` and ``points`` from
+    :func:`zero_advantage_series` / :func:`collapse_points`. A run *escaped*
+    when its last validation accuracy exceeds ``plateau_pct`` (the accuracy of
+    a policy that solves exactly one category; a number, or one per task) by
+    more than ``margin_pp`` points. The zero-advantage share and entropy are means over its last
+    ``last_collections`` collections (entropy: nats per sampled token).
+    """
+    rows = []
+    when = dict(zip(points["run_id"], describe_collapse(points)))
+    for run in runs.sort_values(["label", "seed"]).itertuples():
+        c = curves[curves["run_id"] == run.run_id].sort_values("responses")
+        z = series[series["run_id"] == run.run_id].sort_values("collection")
+        if c.empty or z.empty:
+            continue
+        tail = z.tail(last_collections)
+        final = 100 * float(c["accuracy"].iloc[-1])
+        plateau = plateau_pct[run.task] if isinstance(plateau_pct, Mapping) else plateau_pct
+        rows.append(
+            {
+                "task": run.task,
+                "label": run.label,
+                "seed": int(run.seed),
+                "lr": float(run.lr),
+                "initial_pct": 100 * float(c["accuracy"].iloc[0]),
+                "best_pct": 100 * float(c["accuracy"].max()),
+                "final_pct": final,
+                "plateau_pct": plateau,
+                "escaped": final > plateau + margin_pp,
+                "collapsed": when.get(run.run_id, "n/a"),
+                "zero_advantage_last": float(tail["zero_advantage_fraction"].mean()),
+                "entropy_first": float(z["entropy_mean"].iloc[0]),
+                "entropy_last": float(tail["entropy_mean"].mean()),
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def group_mixing_prediction(collections: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:

@@ -34,6 +34,13 @@ def eval_curves(evals: pd.DataFrame) -> pd.DataFrame:
     return curves
 
 
+def final_evaluation_rows(evals: pd.DataFrame) -> pd.DataFrame:
+    """The per-problem rows of each run's last evaluation: a stand-in for terminal test rows
+    (same columns) when runs saved no checkpoint to test."""
+    last = evals.groupby("run_id")["responses"].transform("max")
+    return evals[evals["responses"] == last].reset_index(drop=True)
+
+
 def _curve_endpoints(curves: pd.DataFrame) -> pd.DataFrame:
     """Initial and final validation accuracy and sample AUC per run."""
     rows = []

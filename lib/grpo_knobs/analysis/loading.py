@@ -142,6 +142,7 @@ def _run_config_row(meta: dict) -> dict:
         "prompts_exposed": plan.get("prompts_exposed"),
         "fast_rollout": cfg.get("fast_rollout"),
         "rollout_path": meta.get("rollout_path"),  # eager / fast / fused; absent from older records
+        "trainer_path": meta.get("trainer_path"),  # padded / packed / packed-liger / packed-compiled; likewise
         "device": meta.get("device"),
         "gpu": meta.get("gpu"),
         "synthetic": bool(cfg.get("synthetic", False)) or str(meta.get("study", "")).startswith("synthetic"),

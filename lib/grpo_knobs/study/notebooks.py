@@ -1,5 +1,5 @@
 """The analysis notebooks (50-57) executed through papermill: on a study directory, or the
-committed ones in place."""
+committed ones (50-58) in place."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ ANALYSIS_NOTEBOOKS = (
     "56_critical_batch",
     "57_categories",
 )
+# Notebooks about a fixed set of committed records rather than one study directory.
+FINDINGS_NOTEBOOKS = ("58_task_room",)
 
 
 def run_analysis(
@@ -61,10 +63,12 @@ def run_analysis(
     return written
 
 
-def refresh_committed_notebooks(notebooks: Iterable[str] = ANALYSIS_NOTEBOOKS, progress: bool = True) -> list[Path]:
+def refresh_committed_notebooks(
+    notebooks: Iterable[str] = ANALYSIS_NOTEBOOKS + FINDINGS_NOTEBOOKS, progress: bool = True
+) -> list[Path]:
     """Re-execute the committed analysis notebooks in place, on their default records.
 
-    Their parameter defaults read ``results/h200-mini`` and write ``figures/``; no parameters
+    Their parameter defaults read ``results/`` (``results/h200-mini`` for 50-57) and write ``figures/``; no parameters
     are injected, and papermill's run metadata is dropped so a refresh diffs only in outputs.
     Consecutive stream outputs are merged too: how a kernel splits printed text into
     messages depends on flush timing.
