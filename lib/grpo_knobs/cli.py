@@ -289,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument(
         "--committed",
         action="store_true",
-        help="Re-execute the committed notebooks in place (results/h200-mini -> figures/).",
+        help="Re-execute the committed notebooks in place (their committed records -> figures/).",
     )
     an.set_defaults(func=_cmd_analyze)
 
