@@ -15,7 +15,7 @@ Without it, synthetic sequences of ``--prompt-len`` + up to ``--response-len`` t
 
     python -m benchmarks.train --task countdown-2x10 --responses 512 --budgets 8192,16384 \\
         --packed-budgets auto --packed-paths packed,packed-liger,packed-compiled \\
-        --out benchmarks/results/train-h200-packed.json
+        --out benchmarks/results/train-h200-liger.json
 """
 
 from __future__ import annotations

@@ -350,6 +350,11 @@ def test_direct_construction_checks_types_too():
             {},
             "No such file or directory: /proc/no-such-dir",
         ),
+        (
+            ["train", "-p", "model=tiny-random", "-p", "device=cpu", "-p", "trainer_path=packed-liger"],
+            {},
+            "packed liger backend runs on CUDA only; use trainer_path=packed on cpu",
+        ),
         (["plan", "no-such-preset"], {}, "no-such-preset"),
     ],
 )

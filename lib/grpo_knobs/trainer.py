@@ -233,6 +233,8 @@ class Trainer:
 
         cfg = self.cfg
         with self.clock.phase("init"):
+            if cfg.trainer_path in PACKED_BACKENDS:  # before the slow loads: a path this device cannot run
+                check_backend(PACKED_BACKENDS[cfg.trainer_path], self.device)
             seed_everything(cfg.seed)
             self.train_pool = data_mod.load_split(cfg.task, "train", data_dir=cfg.data_dir)
             validation = data_mod.load_split(cfg.task, "validation", data_dir=cfg.data_dir)

@@ -168,8 +168,9 @@ def plateau_outcomes(
     :func:`zero_advantage_series` / :func:`collapse_points`. A run *escaped*
     when its last validation accuracy exceeds ``plateau_pct`` (the accuracy of
     a policy that solves exactly one category; a number, or one per task) by
-    more than ``margin_pp`` points. The zero-advantage share and entropy are means over its last
-    ``last_collections`` collections (entropy: nats per sampled token).
+    more than ``margin_pp`` points. The zero-advantage share and entropy are
+    means over its last ``last_collections`` collections (entropy: nats per
+    sampled token).
     """
     rows = []
     when = dict(zip(points["run_id"], describe_collapse(points)))
