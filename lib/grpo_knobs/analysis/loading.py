@@ -30,6 +30,8 @@ EVAL_COLUMNS = (
     "response_length",
     "truncated",
 )
+# The collection fields analysis needs, in every record since the first (records.COLLECTION_FIELDS is what a
+# run writes now; newer fields such as entropy_mean are read where present).
 COLLECTION_COLUMNS = (
     "collection",
     "responses",
