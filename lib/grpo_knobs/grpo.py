@@ -143,6 +143,48 @@ class LossTerms:
     kl_penalty_sum: float
 
 
+@dataclass
+class TokenSurrogate:
+    """Per-token pieces of the GRPO loss, all of ``logp``'s shape."""
+
+    per_token: torch.Tensor  # -min(ratio * A, clip(ratio) * A) + kl_coef * k3 penalty
+    ratio: torch.Tensor  # pi / pi_old
+    log_ratio: torch.Tensor
+    clip_active: torch.Tensor  # bool: the min picked the clipped branch
+    kl_penalty: torch.Tensor  # k3 estimate of KL(pi || pi_ref), zeros without a KL term
+
+
+def token_surrogate(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> TokenSurrogate:
+    """The PPO clipped surrogate per token, plus the k3 KL penalty; no masking or aggregation.
+
+    Args:
+        logp, old_logp, ref_logp: per-token log-probs, e.g. [m, R] (padded) or [Nr] (packed);
+        advantages: broadcastable to them ([m, 1] or [Nr]).
+    """
+    log_ratio = logp - old_logp
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    per_token = -torch.minimum(unclipped, clipped)
+    kl_pen = torch.zeros_like(per_token)
+    if kl_coef > 0.0:
+        if ref_logp is None:
+            raise ValueError("kl_coef > 0 needs reference log-probs.")
+        d = ref_logp - logp
+        kl_pen = torch.exp(d) - d - 1.0  # k3 estimator, >= 0
+        per_token = per_token + kl_coef * kl_pen
+    return TokenSurrogate(per_token, ratio, log_ratio, clipped < unclipped, kl_pen)
+
+
 def clipped_surrogate_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -165,20 +207,11 @@ def clipped_surrogate_loss(
             update's ``global_batch_size`` (B)) or "token-mean" (sum over the update's
             ``global_batch_tokens``).
     """
-    log_ratio = logp - old_logp  # [m, R]
-    ratio = torch.exp(log_ratio)  # [m, R]
     adv = advantages.unsqueeze(-1)  # [m, 1]
-    unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
-    per_token = -torch.minimum(unclipped, clipped)  # [m, R]
-    kl_pen = torch.zeros_like(per_token)
-    if kl_coef > 0.0:
-        if ref_logp is None:
-            raise ValueError("kl_coef > 0 needs reference log-probs.")
-        d = ref_logp - logp
-        kl_pen = torch.exp(d) - d - 1.0  # k3 estimator, >= 0
-        per_token = per_token + kl_coef * kl_pen
-    per_token = per_token * mask
+    t = token_surrogate(
+        logp, old_logp, adv, clip_low=clip_low, clip_high=clip_high, ref_logp=ref_logp, kl_coef=kl_coef
+    )  # [m, R] each
+    per_token = t.per_token * mask
     if aggregation == "sequence-mean":
         lengths = mask.sum(-1).clamp(min=1.0)  # [m]
         loss = (per_token.sum(-1) / lengths).sum() / global_batch_size
@@ -188,11 +221,11 @@ def clipped_surrogate_loss(
         raise ValueError(f"Unknown loss aggregation {aggregation!r}.")
     with torch.no_grad():
         m = mask.bool()
-        r = ratio[m]
-        active = (clipped < unclipped)[m]  # the min picked the clipped branch
+        r = t.ratio[m]
+        active = t.clip_active[m]
         low = active & (r < 1.0 - clip_low)
         high = active & (r > 1.0 + clip_high)
-        lr_ = log_ratio[m]
+        lr_ = t.log_ratio[m]
         approx_kl = (torch.exp(lr_) - 1.0) - lr_
         return LossTerms(
             loss=loss,
@@ -202,5 +235,5 @@ def clipped_surrogate_loss(
             ratio_sum=float(r.sum()),
             ratio_max=float(r.max()) if r.numel() else 1.0,
             approx_kl_sum=float(approx_kl.sum()),
-            kl_penalty_sum=float(kl_pen[m].sum()),
+            kl_penalty_sum=float(t.kl_penalty[m].sum()),
         )

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .grpo import Sequence
+from .grpo import Sequence, token_surrogate
 
 PACKED_MODEL_TYPES = ("llama", "qwen2")  # decoder layers this module's forward reproduces
 BACKENDS = ("eager", "liger", "compiled")
@@ -478,18 +478,10 @@ def packed_surrogate_loss(
         ``STAT_NAMES`` (ratio_max is a max), left on the device.
     """
     adv = advantages.to(logp.dtype)[pb.segment]  # [Nr]
-    log_ratio = logp - old_logp  # [Nr]
-    ratio = torch.exp(log_ratio)
-    unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
-    per_token = -torch.minimum(unclipped, clipped)  # [Nr]
-    kl_pen = torch.zeros_like(per_token)
-    if kl_coef > 0.0:
-        if ref_logp is None:
-            raise ValueError("kl_coef > 0 needs reference log-probs.")
-        d = ref_logp - logp
-        kl_pen = torch.exp(d) - d - 1.0  # k3 estimator, >= 0
-        per_token = per_token + kl_coef * kl_pen
+    t = token_surrogate(
+        logp, old_logp, adv, clip_low=clip_low, clip_high=clip_high, ref_logp=ref_logp, kl_coef=kl_coef
+    )  # [Nr] each
+    per_token, ratio, log_ratio = t.per_token, t.ratio, t.log_ratio
     if aggregation == "sequence-mean":
         loss = (per_token / pb.response_lengths.clamp(min=1.0)[pb.segment]).sum() / global_batch_size
     elif aggregation == "token-mean":
@@ -497,9 +489,8 @@ def packed_surrogate_loss(
     else:
         raise ValueError(f"Unknown loss aggregation {aggregation!r}.")
     with torch.no_grad():
-        active = clipped < unclipped  # the min picked the clipped branch
-        low = active & (ratio < 1.0 - clip_low)
-        high = active & (ratio > 1.0 + clip_high)
+        low = t.clip_active & (ratio < 1.0 - clip_low)
+        high = t.clip_active & (ratio > 1.0 + clip_high)
         approx_kl = (ratio - 1.0) - log_ratio
         n = torch.tensor(float(logp.numel()), device=logp.device)
         stats = torch.stack(
@@ -510,7 +501,7 @@ def packed_surrogate_loss(
                 ratio.sum(),
                 ratio.max() if ratio.numel() else torch.ones((), device=logp.device),
                 approx_kl.sum(),
-                kl_pen.sum(),
+                t.kl_penalty.sum(),
             ]
         ).float()  # [7]
     return loss, stats
