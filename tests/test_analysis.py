@@ -22,6 +22,7 @@ import pandas as pd
 import pytest
 from grpo_knobs import analysis as an
 from grpo_knobs import plots
+from grpo_knobs.study.notebooks import ANALYSIS_NOTEBOOKS
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -778,18 +779,6 @@ def _run_notebook_inprocess(name: str, **params) -> None:
         if "parameters" in cell["metadata"].get("tags", []):
             namespace.update(params)
     plt.close("all")
-
-
-ANALYSIS_NOTEBOOKS = (
-    "50_learning_curves",
-    "51_confirmation",
-    "52_time_to_target",
-    "53_group_size",
-    "54_reward_audit",
-    "55_screening",
-    "56_critical_batch",
-    "57_categories",
-)
 
 
 def test_every_notebook_runs_on_incomplete_studies(tmp_path, monkeypatch, capsys):

@@ -5,7 +5,6 @@ import math
 import pytest
 import torch
 from grpo_knobs.grpo import (
-    Sequence,
     clipped_surrogate_loss,
     collate,
     group_advantages,
@@ -13,7 +12,7 @@ from grpo_knobs.grpo import (
     pack_micro_batches,
     token_logprobs,
 )
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny import random_sequences, tiny_llama
 
 
 def test_advantages_use_bessel_std_and_zero_equal_groups():
@@ -121,37 +120,8 @@ def test_k3_kl_penalty_is_zero_at_reference_and_positive_elsewhere():
     assert same.loss.item() == pytest.approx(0.0) and diff.loss.item() > 0
 
 
-def _tiny_model(seed=0):
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-    )
-    return LlamaForCausalLM(cfg).eval()
-
-
-def _sequences(n=7, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        p = int(torch.randint(2, 9, (1,), generator=g))
-        r = int(torch.randint(1, 12, (1,), generator=g))
-        out.append(
-            Sequence(
-                torch.randint(3, 50, (p,), generator=g).tolist(), torch.randint(3, 50, (r,), generator=g).tolist()
-            )
-        )
-    return out
-
-
 def test_token_logprobs_match_single_sequence_forward():
-    model, seqs = _tiny_model(), _sequences()
+    model, seqs = tiny_llama(), random_sequences()
     mb = collate(seqs, pad_id=0)
     batched = token_logprobs(model, mb)
     for i, s in enumerate(seqs):
@@ -194,7 +164,7 @@ def _update_grads(model, seqs, groups, aggregation):
 
 @pytest.mark.parametrize("aggregation", ["sequence-mean", "token-mean"])
 def test_gradient_is_invariant_to_micro_batching(aggregation):
-    model, seqs = _tiny_model(), _sequences()
+    model, seqs = tiny_llama(), random_sequences()
     n = len(seqs)
     full = _update_grads(model, seqs, [list(range(n))], aggregation)
     ones = _update_grads(model, seqs, [[i] for i in range(n)], aggregation)

@@ -22,37 +22,7 @@ from grpo_knobs.packing import (
     supports_packed,
     token_budget_micro_batches,
 )
-from transformers import LlamaConfig, LlamaForCausalLM
-
-
-def _tiny_model(seed=0):
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-    )
-    return LlamaForCausalLM(cfg).eval()
-
-
-def _sequences(n=7, seed=1, vocab=50):
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        p = int(torch.randint(2, 9, (1,), generator=g))
-        r = int(torch.randint(1, 12, (1,), generator=g))
-        out.append(
-            Sequence(
-                torch.randint(3, vocab, (p,), generator=g).tolist(),
-                torch.randint(3, vocab, (r,), generator=g).tolist(),
-            )
-        )
-    return out
+from tiny import random_sequences, tiny_llama
 
 
 def test_pack_layout_positions_and_prediction_index():
@@ -77,8 +47,8 @@ def test_token_budget_counts_real_tokens_and_keeps_order():
 
 def test_no_attention_across_sequence_boundaries():
     """Changing one sequence's tokens leaves every other sequence's hidden states unchanged."""
-    model = _tiny_model()
-    seqs = _sequences()
+    model = tiny_llama()
+    seqs = random_sequences()
     assert supports_packed(model)
     with torch.no_grad():
         base = packed_hidden_states(model, pack(seqs))
@@ -186,7 +156,7 @@ def _compare(model, seqs, aggregation, logp_atol, rel):
 
 @pytest.mark.parametrize("aggregation", ["sequence-mean", "token-mean"])
 def test_packed_matches_padded_on_tiny_model(aggregation):
-    _compare(_tiny_model(), _sequences(), aggregation, logp_atol=1e-5, rel=1e-5)
+    _compare(tiny_llama(), random_sequences(), aggregation, logp_atol=1e-5, rel=1e-5)
 
 
 @pytest.mark.slow
@@ -196,7 +166,7 @@ def test_packed_matches_padded_on_smollm2():
     model, tok, _ = load_model("smollm2-135m-instruct", device="cpu", dtype=torch.float32)
     model.eval()
     assert supports_packed(model)
-    seqs = _sequences(n=6, seed=3, vocab=len(tok))
+    seqs = random_sequences(n=6, seed=3, vocab=len(tok))
     _compare(model, seqs, "sequence-mean", logp_atol=1e-4, rel=1e-4)
 
 
@@ -240,8 +210,8 @@ def test_liger_layer_layout_matches_eager_layer(monkeypatch):
 
     ops = _ReferenceLigerOps
     monkeypatch.setitem(packing._COMPILED, "liger", (ops.rms, ops.rope, ops.silu_mul))
-    model = _tiny_model()
-    pb = pack(_sequences(), "cpu")
+    model = tiny_llama()
+    pb = pack(random_sequences(), "cpu")
     out = {}
     for backend in ("eager", "liger"):
         model.zero_grad()
@@ -257,7 +227,7 @@ def test_trainer_path_resolution_fails_fast_off_cuda():
     from grpo_knobs.trainer import resolve_trainer_path
 
     cpu = torch.device("cpu")
-    model = _tiny_model()
+    model = tiny_llama()
     assert resolve_trainer_path("auto", model, cpu) == "packed"
     assert resolve_trainer_path("padded", model, cpu) == "padded"
     for path in ("packed-liger", "packed-compiled"):
@@ -328,7 +298,7 @@ def test_packed_matches_padded_on_cuda_in_bf16(backend):
         pytest.skip("liger-kernel is not installed")
     model, tok, _ = load_model("smollm2-135m-instruct", device="cuda", dtype=torch.float32)
     model.eval()
-    seqs = _sequences(n=24, seed=4, vocab=len(tok))
+    seqs = random_sequences(n=24, seed=4, vocab=len(tok))
     seqs = [Sequence(s.prompt_ids * 8, s.response_ids * 12) for s in seqs]  # run-like lengths (16-96 + 12-132)
     dev = torch.device("cuda")
     adv = torch.linspace(-1.0, 1.0, len(seqs))
