@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from tqdm.auto import tqdm
-
 from ..config import RunConfig, config_drift
 from ..locks import exclusive, study_lock_path
 from ..records import RunDir, atomic_write_json, read_json
@@ -28,11 +26,14 @@ from .scheduling import check_scheduler, execute_on_ray
 from .selection import select
 from .units import (
     JobResult,
+    ResultTally,
     _execute_unit,
     _resolve_executor,
     _subprocess_env,
     _unit_cost,
     _worker_log,
+    unit_id,
+    unit_run_id,
 )
 
 
@@ -127,26 +128,18 @@ def _execute_in_worker(unit: dict, threads: int, gpu: str | None = None) -> JobR
     last = proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []
     if proc.returncode == 0 and last:
         return JobResult(**json.loads(last[0]))
-    run_id = unit["config"]["run_id"] if unit["kind"] == "train" else unit["job"]["run_id"]
-    phase = unit["config"]["phase"] if unit["kind"] == "train" else "test"
+    run_id, phase = unit_id(unit)
     tail = " | ".join(line.strip() for line in log.read_text().splitlines()[-3:])
     return JobResult(run_id, phase, "failed", 0.0, f"worker exited with code {proc.returncode}: {tail}", str(log))
 
 
 def _execute_all(units: list[dict], jobs: int, desc: str, progress: bool) -> list[JobResult]:
     """Run units one at a time (jobs=1) or side by side in worker processes, with a progress bar."""
-    results: list[JobResult] = []
-    bar = tqdm(total=len(units), desc=desc, unit="run", disable=not progress)
-
-    def done(result: JobResult) -> None:
-        results.append(result)
-        bar.update(1)
-        bar.set_postfix(failed=sum(r.status in ("failed", "blocked") for r in results))
-
+    tally = ResultTally(units, desc, progress)
     if jobs == 1:
         for unit in units:
-            bar.set_postfix_str(unit["config"]["run_id"] if unit["kind"] == "train" else unit["job"]["run_id"])
-            done(_execute_unit(unit | {"progress": progress}))
+            tally.bar.set_postfix_str(unit_run_id(unit))
+            tally.add(_execute_unit(unit | {"progress": progress}))
     else:
         threads = max(1, (os.cpu_count() or 1) // jobs)
         # Worker slot k runs on GPU k mod n: with jobs equal to the GPU count each run has a GPU
@@ -167,10 +160,8 @@ def _execute_all(units: list[dict], jobs: int, desc: str, progress: bool) -> lis
             # Longest first (most collections), so a long run does not start last and hold the
             # other workers idle at the end.
             for future in as_completed([pool.submit(in_slot, u) for u in sorted(units, key=_unit_cost, reverse=True)]):
-                done(future.result())
-    bar.close()
-    order = {(u["config"]["run_id"] if u["kind"] == "train" else u["job"]["run_id"]): i for i, u in enumerate(units)}
-    return sorted(results, key=lambda r: order[r.run_id])
+                tally.add(future.result())
+    return tally.finish()
 
 
 def _filter(items: Iterable, only: list[str] | None) -> list:

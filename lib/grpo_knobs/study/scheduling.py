@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from ..records import RunDir
 
 SCHEDULERS = ("local", "ray")
@@ -78,13 +76,6 @@ def unit_resources(unit: dict[str, Any], cluster_has_gpus: bool = True) -> Resou
     if unit["kind"] == "train":
         return config_resources(unit["config"], cluster_has_gpus)
     return test_job_resources(unit["job"], cluster_has_gpus)
-
-
-def _unit_id(unit: dict[str, Any]) -> tuple[str, str]:
-    """(run_id, phase) of a unit."""
-    if unit["kind"] == "train":
-        return unit["config"]["run_id"], unit["config"]["phase"]
-    return unit["job"]["run_id"], "test"
 
 
 def _already_done(unit: dict[str, Any]) -> bool:
@@ -233,7 +224,7 @@ def execute_on_ray(units: list[dict[str, Any]], desc: str, progress: bool, addre
         address: a Ray cluster (``ray start --head`` prints it; ``auto`` finds one started on this
             machine); None starts a local Ray instance with this machine's GPUs and CPUs.
     """
-    from .units import JobResult, _unit_cost, _worker_log
+    from .units import JobResult, ResultTally, _unit_cost, _worker_log, unit_id, unit_run_id
 
     ray = _import_ray()
     _connect(ray, address)
@@ -241,21 +232,14 @@ def execute_on_ray(units: list[dict[str, Any]], desc: str, progress: bool, addre
     nodes = _node_sizes(ray)
     has_gpus = any(g > 0 for g, _ in nodes)
     env = _runtime_env()
-    results: list[JobResult] = []
-    bar = tqdm(total=len(units), desc=desc, unit="run", disable=not progress)
-
-    def done(result: JobResult) -> None:
-        results.append(result)
-        bar.update(1)
-        bar.set_postfix(failed=sum(r.status in ("failed", "blocked") for r in results))
-
+    tally = ResultTally(units, desc, progress)
     pending: dict[Any, dict[str, Any]] = {}
     # Longest first (most collections); Ray starts queued tasks of one resource shape in the order submitted.
     todo = []
     for unit in sorted(units, key=_unit_cost, reverse=True):
-        run_id, phase = _unit_id(unit)
+        run_id, phase = unit_id(unit)
         if _already_done(unit):
-            done(JobResult(run_id, phase, "skipped"))
+            tally.add(JobResult(run_id, phase, "skipped"))
         else:  # every request is checked before the first task starts
             todo.append((unit, _fit(unit_resources(unit, has_gpus), nodes, run_id)))
     for unit, need in todo:
@@ -265,7 +249,7 @@ def execute_on_ray(units: list[dict[str, Any]], desc: str, progress: bool, addre
             max_retries=RAY_MAX_RETRIES,
             retry_exceptions=False,
             runtime_env=env,
-            name=_unit_id(unit)[0],
+            name=unit_run_id(unit),
         ).remote(unit, max(1, need.cpus))
         pending[ref] = unit | {"submitted": time.perf_counter()}
     while pending:
@@ -273,11 +257,11 @@ def execute_on_ray(units: list[dict[str, Any]], desc: str, progress: bool, addre
         for ref in ready:
             unit = pending.pop(ref)
             try:
-                done(JobResult(**ray.get(ref)))
+                tally.add(JobResult(**ray.get(ref)))
             except ray.exceptions.RayError as exc:
-                run_id, phase = _unit_id(unit)
+                run_id, phase = unit_id(unit)
                 seconds = time.perf_counter() - unit["submitted"]
-                done(JobResult(run_id, phase, "failed", seconds, _lost_task_error(ray, exc), str(_worker_log(unit))))
-    bar.close()
-    order = {_unit_id(u)[0]: i for i, u in enumerate(units)}
-    return sorted(results, key=lambda r: order[r.run_id])
+                tally.add(
+                    JobResult(run_id, phase, "failed", seconds, _lost_task_error(ray, exc), str(_worker_log(unit)))
+                )
+    return tally.finish()

@@ -13,6 +13,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from ..config import RunConfig
 from ..provenance import REPO_ROOT
 from ..records import RunDir
@@ -172,6 +174,35 @@ def _execute_unit(unit: dict) -> JobResult:
             _execute_test(unit["test"]["study_dir"], unit["test"]["job"])  # the test phase reports its outcome
         return result
     return _execute_test(unit["study_dir"], unit["job"])
+
+
+def unit_run_id(unit: dict) -> str:
+    return unit["config"]["run_id"] if unit["kind"] == "train" else unit["job"]["run_id"]
+
+
+def unit_id(unit: dict) -> tuple[str, str]:
+    """(run_id, phase) of a unit."""
+    return unit_run_id(unit), unit["config"]["phase"] if unit["kind"] == "train" else "test"
+
+
+class ResultTally:
+    """A phase's results as its units finish, on a progress bar that counts the failed and blocked."""
+
+    def __init__(self, units: list[dict], desc: str, progress: bool):
+        self.units = units
+        self.results: list[JobResult] = []
+        self.bar = tqdm(total=len(units), desc=desc, unit="run", disable=not progress)
+
+    def add(self, result: JobResult) -> None:
+        self.results.append(result)
+        self.bar.update(1)
+        self.bar.set_postfix(failed=sum(r.status in ("failed", "blocked") for r in self.results))
+
+    def finish(self) -> list[JobResult]:
+        """Close the bar; the results in the order of ``units``."""
+        self.bar.close()
+        order = {unit_run_id(u): i for i, u in enumerate(self.units)}
+        return sorted(self.results, key=lambda r: order[r.run_id])
 
 
 def _worker_log(unit: dict) -> Path:
