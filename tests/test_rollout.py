@@ -212,6 +212,39 @@ def test_dropping_finished_rows_keeps_greedy_outputs(tiny, staggered, fast):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("fast", [True, "fused"])
+def test_graph_replays_match_eager_steps_on_cuda(tiny, staggered, fast):
+    """A decode shape runs eagerly the first time it comes up and is captured then; later calls replay
+    it. Replays must give the eager decoder's tokens and log-probs while rows finish and are dropped."""
+    model, tokenizer = tiny
+    prompts, state = staggered
+    engines = []
+    for graphs in (False, True):
+        engine = HFEngine(
+            model, tokenizer, device="cuda", fast=fast, return_logprobs=True, compact=True, max_batch_size=16
+        )
+        engine.decoder.check_every, engine.decoder.min_rows = 2, 1
+        engine.decoder.use_graphs = graphs
+        engine.update_weights(state)
+        engines.append(engine)
+    eager, graphed = engines
+    # the fused sampler's noise is keyed by seed and step, so sampled tokens must match too
+    for temperature in (0.0, 1.0) if fast == "fused" else (0.0,):
+        kw = dict(n=2, max_new_tokens=24, temperature=temperature, seed=3)
+        want = eager.generate(prompts, **kw)
+        first = graphed.generate(prompts, **kw)  # every shape's first step eager, then captured
+        captured = len(graphed.decoder.graphs)
+        again = graphed.generate(prompts, **kw)  # replays only
+        assert captured > 1 and len(graphed.decoder.graphs) == captured
+        assert graphed.decoder.compactions > 0
+        for got in (first, again):
+            assert got.token_ids == want.token_ids and got.finish_reasons == want.finish_reasons
+            for a, b in zip(got.logprobs, want.logprobs):
+                torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-3, rtol=1e-3)
+    assert not eager.decoder.graphs
+
+
 def test_dropping_finished_rows_samples_from_the_model(tiny, staggered):
     """Compacted rows draw different noise, so the check is the distribution: every sampled token's
     log-prob equals the teacher-forced one under the engine's weights."""

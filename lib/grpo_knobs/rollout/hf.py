@@ -90,7 +90,7 @@ class StaticDecoder:
         self.stop = torch.tensor(self.stop_list, device=self.weight.device)  # [S]
         self.pad_id = pad_id
         self.use_graphs, self.block, self.prefill_bytes = use_graphs, block, prefill_bytes
-        self.graphs, self.pool = {}, None
+        self.graphs, self.pool, self.capture_stream = {}, None, None
         self.rows, self.cap = 0, 0
         self.fused = _FusedWeights(model) if fused else None
         if fused:
@@ -244,18 +244,41 @@ class StaticDecoder:
             t.zero_()
         self.done[:B].zero_()
 
+    def _step(self, B: int, kv_len: int, greedy: bool):
+        """One decode step for rows :B: replay its CUDA graph, or, the first time this shape comes up,
+        run it eagerly and capture it for the next time. The eager run does the step's real work and
+        is also the warm-up a capture needs (kernels compiled, cuBLAS handles created); capturing only
+        records kernels, so the step state is left as the eager run set it. Shapes a call never
+        reaches are never captured."""
+        graph = self.graphs.get((B, kv_len, greedy))
+        if graph is not None:
+            graph.replay()
+            return
+        self._decode(B, kv_len, greedy)
+        if not self.use_graphs:
+            return
+        try:
+            self._capture(B, kv_len, greedy)
+        except RuntimeError as e:  # keep the run going; the warning says why it is slower
+            warnings.warn(f"CUDA graph capture failed, decoding without graphs from now on: {e}")
+            self.use_graphs = False
+            self.graphs.clear()
+            self.pool = None
+
     def _capture(self, B: int, kv_len: int, greedy: bool):
-        """Capture one decode step as a CUDA graph (once per engine and shape; no compilation)."""
-        self._reset(B)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up outside capture: cuBLAS handles, lazy kernel setup
-            self._decode(B, kv_len, greedy)
-        torch.cuda.current_stream().wait_stream(side)
-        self._reset(B)  # the warm-up wrote slot 0 of rows :B; prefill rewrites all state anyway
+        """Record one decode step as a CUDA graph on a side stream (once per engine and shape; no
+        compilation). capture_begin/end directly: torch.cuda.graph would also synchronise, collect
+        garbage and empty the allocator's cache before each of the run's captures."""
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            self._decode(B, kv_len, greedy)
+        side = self.capture_stream = self.capture_stream or torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            graph.capture_begin(pool=self.pool)
+            try:
+                self._decode(B, kv_len, greedy)
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream().wait_stream(side)
         self.pool = self.pool or graph.pool()  # graphs run one at a time, so they can share memory
         self.graphs[(B, kv_len, greedy)] = graph
 
@@ -271,23 +294,12 @@ class StaticDecoder:
         kv_lens = [_round_up(P + t + 1, self.block) for t in range(max_new_tokens - 1)]  # decode step t
         compact = self.compact and not ignore_eos
         widths = self._widths(B) if compact else [B]
-        if self.use_graphs:
-            try:  # every (width, cache length) this call may reach, before prefill: capture resets step state
-                for width in widths:
-                    for kv_len in sorted(set(kv_lens)):
-                        if (width, kv_len, greedy) not in self.graphs:
-                            self._capture(width, kv_len, greedy)
-            except RuntimeError as e:  # keep the run going; the warning says why it is slower
-                warnings.warn(f"CUDA graph capture failed, decoding without graphs from now on: {e}")
-                self.use_graphs = False
-                self.graphs.clear()
-                self.pool = None
         self.inv_temp.fill_(1.0 if greedy else 1.0 / temperature)
         if ignore_eos:  # no row ever finishes: exactly max_new_tokens steps
             self.stop.fill_(-1)
         else:
             self.stop.copy_(torch.tensor(self.stop_list))
-        torch.manual_seed(seed)  # after capture: warm-ups drew random numbers
+        torch.manual_seed(seed)
         if self.fused is not None:  # the fused sampler's noise, fixed by seed (other paths use torch's stream)
             self.noise_seed.fill_(int(torch.randint(0, 2**62, (1,))))
 
@@ -317,10 +329,7 @@ class StaticDecoder:
         logprobs = torch.zeros(B, max_new_tokens, dtype=torch.float32, device=self.tok.device)  # [B, N]
         width, steps = B, max_new_tokens
         for t, kv_len in enumerate(kv_lens):
-            if self.use_graphs:
-                self.graphs[(width, kv_len, greedy)].replay()
-            else:
-                self._decode(width, kv_len, greedy)
+            self._step(width, kv_len, greedy)
             if ignore_eos or t % self.check_every != self.check_every - 1:
                 continue
             live = ~self.done[:width]  # [width]; one host sync per check_every steps
