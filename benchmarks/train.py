@@ -31,6 +31,7 @@ from grpo_knobs.grpo import Sequence, clipped_surrogate_loss, collate, pack_micr
 from grpo_knobs.models import load_model
 from grpo_knobs.packing import (
     PACKED_BACKENDS,
+    logprobs_to_host,
     memory_token_budget,
     score_packed,
     supports_packed,
@@ -201,7 +202,7 @@ def bench_packed(
         "first_update_seconds": first,
         "seconds_per_scoring": scoring,
     }
-    return row, scored[0]
+    return row, logprobs_to_host(scored[0])
 
 
 def _finish(row: dict, model, seqs, device: torch.device) -> dict:

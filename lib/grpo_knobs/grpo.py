@@ -237,3 +237,27 @@ def clipped_surrogate_loss(
             approx_kl_sum=float(approx_kl.sum()),
             kl_penalty_sum=float(t.kl_penalty[m].sum()),
         )
+
+
+# The per-update statistics both trainer paths return, after the loss: sums over the update's
+# response tokens (ratio_max is a max), then the gradient norm.
+STAT_NAMES = ("tokens", "clipped_low", "clipped_high", "ratio_sum", "ratio_max", "approx_kl_sum", "kl_penalty_sum")
+UPDATE_VALUES = ("loss", *STAT_NAMES, "grad_norm")
+
+
+def update_record(values: list[float], micro_batches: int) -> dict:
+    """One update's record from its ``UPDATE_VALUES`` (token sums become per-token means)."""
+    s = dict(zip(UPDATE_VALUES, values, strict=True))
+    n = max(s["tokens"], 1.0)
+    return {
+        "loss": s["loss"],
+        "clip_fraction": (s["clipped_low"] + s["clipped_high"]) / n,
+        "clip_low_fraction": s["clipped_low"] / n,
+        "clip_high_fraction": s["clipped_high"] / n,
+        "approx_kl": s["approx_kl_sum"] / n,
+        "ratio_mean": s["ratio_sum"] / n,
+        "ratio_max": s["ratio_max"],
+        "grad_norm": s["grad_norm"],
+        "tokens": int(s["tokens"]),
+        "micro_batches": micro_batches,
+    }

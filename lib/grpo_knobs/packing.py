@@ -20,20 +20,18 @@ padded path.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .grpo import Sequence, token_surrogate
+from .grpo import STAT_NAMES, Sequence, token_surrogate
 
 PACKED_MODEL_TYPES = ("llama", "qwen2")  # decoder layers this module's forward reproduces
 BACKENDS = ("eager", "liger", "compiled")
 # trainer_path -> backend
 PACKED_BACKENDS = {"packed": "eager", "packed-liger": "liger", "packed-compiled": "compiled"}
-STAT_NAMES = ("tokens", "clipped_low", "clipped_high", "ratio_sum", "ratio_max", "approx_kl_sum", "kl_penalty_sum")
 
 
 def supports_packed(model: torch.nn.Module) -> bool:
@@ -102,6 +100,14 @@ class PackedBatch:
     response_split: list[int]  # [m] response lengths (host copy)
 
 
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device``; on CUDA through pinned memory, so the copy is queued without
+    waiting for the work already on the GPU (a copy from pageable memory may wait for it)."""
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def pack(seqs: list[Sequence], device: torch.device | str = "cpu") -> PackedBatch:
     """Concatenate sequences without padding; index arrays are built on the host with numpy
     and moved in one transfer each (pinned and asynchronous on CUDA)."""
@@ -121,10 +127,7 @@ def pack(seqs: list[Sequence], device: torch.device | str = "cpu") -> PackedBatc
     targets = ids[predict + 1]  # [Nr]
 
     def put(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        t = torch.from_numpy(np.ascontiguousarray(a)).to(dtype)
-        if device.type == "cuda":
-            return t.pin_memory().to(device, non_blocking=True)
-        return t.to(device)
+        return to_device(torch.from_numpy(np.ascontiguousarray(a)).to(dtype), device)
 
     return PackedBatch(
         input_ids=put(ids, torch.long),
@@ -146,31 +149,17 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def _varlen_cuda_fn():
-    """Causal variable-length flash attention, fn(q, k, v, cu_seqlens, max_len, scale) with q [N, Hq, D] and
-    k/v [N, Hkv, D]: torch.nn.attention.varlen where this torch has it, else the aten op. Flash attention
-    reads each key/value head for its group of query heads, so k and v are never repeated."""
-    if "varlen" in _COMPILED:
-        return _COMPILED["varlen"]
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        varlen_attn = None
-    if varlen_attn is not None:
-        params = inspect.signature(varlen_attn).parameters
-        causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+def _varlen_cuda(q, k, v, cu_seqlens, max_len: int, scale: float) -> torch.Tensor:
+    """Causal variable-length flash attention: q [N, Hq, D], k/v [N, Hkv, D] -> [N, Hq, D].
 
-        def fn(q, k, v, cu, max_len, scale):
-            return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, **causal)
-    else:
-
-        def fn(q, k, v, cu, max_len, scale):
-            return torch.ops.aten._flash_attention_forward(
-                q, k, v, cu, cu, max_len, max_len, 0.0, True, False, scale=scale
-            )[0]
-
-    _COMPILED["varlen"] = fn
-    return fn
+    Flash attention reads each key/value head for its group of query heads, so k and v are never
+    repeated. This is the aten op, which carries its own C++ autograd node;
+    torch.nn.attention.varlen wraps the same op in a Python custom op whose dispatch, forward and
+    backward, costs more host time than the kernels of a short micro-batch take on the GPU.
+    """
+    return torch.ops.aten._flash_attention_forward(
+        q, k, v, cu_seqlens, cu_seqlens, max_len, max_len, 0.0, True, False, scale=scale
+    )[0]
 
 
 def _per_sequence_sdpa(
@@ -327,7 +316,7 @@ def packed_hidden_states(model: torch.nn.Module, pb: PackedBatch, backend: str =
     n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
     if pb.input_ids.is_cuda:
-        attend = _varlen_cuda_fn()
+        attend = _varlen_cuda
     else:
         lengths = pb.lengths
 
@@ -350,7 +339,9 @@ def packed_hidden_states(model: torch.nn.Module, pb: PackedBatch, backend: str =
 # ----------------------------------------------------------------------------- log-probs
 def _head_forward(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, temperature: float):
     """One chunk: h [c, H] (compute dtype), w [V, H] -> (target log-prob [c], log-sum-exp [c]) in float32."""
-    z = (h @ w.t()).float() / temperature  # [c, V]
+    z = (h @ w.t()).float()  # [c, V]
+    if temperature != 1.0:  # each pass over [c, V] float32 costs more than the product itself
+        z.div_(temperature)
     lse = torch.logsumexp(z, dim=-1)  # [c]
     return z.gather(1, targets[:, None])[:, 0] - lse, lse
 
@@ -361,10 +352,14 @@ def _head_backward(
     """Gradient of sum(g * logp) w.r.t. one chunk's raw logits: [c, V] in the compute dtype.
 
     d logp / d z = onehot(target) - softmax(z), times 1/T for the raw logits."""
-    z = (h @ w.t()).float() / temperature  # [c, V]
-    dz = torch.exp(z - lse[:, None]) * (-g[:, None])  # [c, V]
-    dz = dz.scatter_add(1, targets[:, None], g[:, None])
-    return (dz / temperature).to(h.dtype)
+    z = (h @ w.t()).float()  # [c, V]
+    if temperature != 1.0:
+        z.div_(temperature)
+    dz = z.sub_(lse[:, None]).exp_().mul_(-g[:, None])  # [c, V], in place: no second [c, V] buffer
+    dz.scatter_add_(1, targets[:, None], g[:, None])
+    if temperature != 1.0:
+        dz.div_(temperature)
+    return dz.to(h.dtype)
 
 
 def _head_fns(compile: bool):
@@ -492,7 +487,7 @@ def packed_surrogate_loss(
         low = t.clip_active & (ratio < 1.0 - clip_low)
         high = t.clip_active & (ratio > 1.0 + clip_high)
         approx_kl = (ratio - 1.0) - log_ratio
-        n = torch.tensor(float(logp.numel()), device=logp.device)
+        n = logp.new_full((), float(logp.numel()))  # a fill, not a host-to-device copy (which would wait)
         stats = torch.stack(
             [
                 n,
@@ -526,8 +521,10 @@ def score_packed(
     autocast,
     backend: str = "eager",
 ) -> list[torch.Tensor]:
-    """Per-response token log-probs ([len_i] float32 on the host, as ``Trainer._score``), one
-    device-to-host copy for the whole pass."""
+    """Per-response token log-probs ([len_i] float32 views of one flat tensor on ``device``).
+
+    Nothing is copied to the host, so the updates that follow are queued without waiting for
+    this pass; ``logprobs_to_host`` brings a collection's log-probs back in one transfer."""
     outs = []
     with torch.no_grad():
         for mb_idx in micro:
@@ -535,11 +532,19 @@ def score_packed(
             with autocast():
                 outs.append(packed_token_logprobs(model, pb, temperature, backend=backend))  # [Nr_mb]
     order = [i for mb in micro for i in mb]
-    pieces = torch.cat(outs).cpu().split([len(seqs[i].response_ids) for i in order])
+    flat = torch.cat(outs) if outs else torch.zeros(0, device=device)  # [sum Nr]
+    pieces = flat.split([len(seqs[i].response_ids) for i in order])
     out: list[torch.Tensor | None] = [None] * len(seqs)
     for i, p in zip(order, pieces):
         out[i] = p
     return out  # type: ignore[return-value]
+
+
+def logprobs_to_host(pieces: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Per-response log-prob tensors on the host, in one device-to-host copy."""
+    if not pieces:
+        return []
+    return list(torch.cat(pieces).cpu().split([p.numel() for p in pieces]))
 
 
 def update_packed(
@@ -554,12 +559,15 @@ def update_packed(
     device: torch.device,
     autocast,
     backend: str = "eager",
-) -> dict:
+) -> torch.Tensor:
     """Forward, loss and backward of one update's responses ``idx`` over packed micro-batches
     (gradients accumulate; the caller clips and steps). ``cfg`` supplies clip_low, clip_high,
-    loss_aggregation, kl_coef and temperature. Entries of ``old_logp`` that are None are taken
-    from this pass (detached) and stored back. Returns the trainer's per-update statistics
-    except grad_norm; the device is synchronised once, at the end."""
+    loss_aggregation, kl_coef and temperature. ``adv`` [P*G] is on the host; the entries of
+    ``old_logp``/``ref_logp`` should be on ``device`` (host ones are copied). Entries of
+    ``old_logp`` that are None are taken from this pass (detached) and stored back.
+
+    Returns [8] float32 on the device: the loss, then the sums named by ``STAT_NAMES``. Nothing
+    here waits for the device; the trainer reads every update's values once per collection."""
     update_tokens = float(sum(len(seqs[i].response_ids) for i in idx))
     stats, loss_total = None, torch.zeros((), device=device)
     for mb_idx in micro:
@@ -567,14 +575,14 @@ def update_packed(
         with autocast():
             logp = packed_token_logprobs(model, pb, cfg.temperature, backend=backend)  # [Nr]
         if any(old_logp[i] is None for i in mb_idx):
-            for i, piece in zip(mb_idx, logp.detach().cpu().split(pb.response_split)):
+            for i, piece in zip(mb_idx, logp.detach().split(pb.response_split)):
                 old_logp[i] = piece if old_logp[i] is None else old_logp[i]
-        old = torch.cat([old_logp[i] for i in mb_idx]).to(device, non_blocking=True)  # [Nr]
-        ref = torch.cat([ref_logp[i] for i in mb_idx]).to(device, non_blocking=True) if ref_logp is not None else None
+        old = torch.cat([old_logp[i] for i in mb_idx]).to(device)  # [Nr]
+        ref = torch.cat([ref_logp[i] for i in mb_idx]).to(device) if ref_logp is not None else None  # [Nr]
         loss, st = packed_surrogate_loss(
             logp,
             old,
-            adv[mb_idx].to(device, non_blocking=True),
+            to_device(adv[mb_idx], device),  # [m]
             pb,
             clip_low=cfg.clip_low,
             clip_high=cfg.clip_high,
@@ -587,16 +595,6 @@ def update_packed(
         loss.backward()
         loss_total += loss.detach()
         stats = merge_stats(stats, st)
-    s = dict(zip(STAT_NAMES, stats.tolist())) if stats is not None else dict.fromkeys(STAT_NAMES, 0.0)
-    n = max(s["tokens"], 1.0)
-    return {
-        "loss": float(loss_total),
-        "clip_fraction": (s["clipped_low"] + s["clipped_high"]) / n,
-        "clip_low_fraction": s["clipped_low"] / n,
-        "clip_high_fraction": s["clipped_high"] / n,
-        "approx_kl": s["approx_kl_sum"] / n,
-        "ratio_mean": s["ratio_sum"] / n,
-        "ratio_max": s["ratio_max"],
-        "tokens": int(s["tokens"]),
-        "micro_batches": len(micro),
-    }
+    if stats is None:
+        stats = torch.zeros(len(STAT_NAMES), device=device)
+    return torch.cat([loss_total[None], stats])  # [8]

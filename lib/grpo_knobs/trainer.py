@@ -30,6 +30,7 @@ from . import data as data_mod
 from .config import RunConfig, config_drift
 from .evaluation import encode_prompts, evaluate
 from .grpo import (
+    STAT_NAMES,
     Sequence,
     clipped_surrogate_loss,
     collate,
@@ -37,6 +38,7 @@ from .grpo import (
     mixed_group_fraction,
     pack_micro_batches,
     token_logprobs,
+    update_record,
 )
 from .knobs import update_slices
 from .locks import exclusive, run_lock_path
@@ -44,6 +46,7 @@ from .packing import (
     PACKED_BACKENDS,
     check_backend,
     liger_available,
+    logprobs_to_host,
     memory_token_budget,
     score_packed,
     supports_packed,
@@ -347,15 +350,22 @@ class Trainer:
         # Group-relative advantages: the only learning signal; a group with equal rewards gives none.
         adv = group_advantages(batch.rewards, g, cfg.std_normalize_advantages)  # [P*G]
         with self.clock.phase("trainer"):
-            # The PPO ratio needs the policy that generated the data: score it once, before any update.
-            # With S=1 nothing changes the weights in between, so the update's own forward pass can
-            # fill these in instead (reuse_on_policy_logprobs).
-            on_policy = cfg.reuse_on_policy_logprobs and plan.num_steps_per_rollout == 1
-            old_logp = [None] * len(batch.seqs) if on_policy else self._score(self.model, batch.seqs)
-            ref_logp = self._score(self.ref_model, batch.seqs) if self.ref_model is not None else None
             # S optimizer steps on disjoint slices of B: every response is used exactly once.
-            slices = update_slices(plan, cfg.seed, batch.index)
-            updates = [self._update(s.tolist(), batch.seqs, adv, old_logp, ref_logp) for s in slices]
+            slices = [s.tolist() for s in update_slices(plan, cfg.seed, batch.index)]
+            # The PPO ratio needs the policy that generated the data: score it before any update.
+            # The first slice is trained on exactly those weights, so with reuse_on_policy_logprobs
+            # its own forward pass fills its entries in instead (detached).
+            old_logp: list[torch.Tensor | None] = [None] * len(batch.seqs)
+            scored = [i for s in (slices[1:] if cfg.reuse_on_policy_logprobs else slices) for i in s]
+            for i, lp in zip(scored, self._score(self.model, [batch.seqs[i] for i in scored])):
+                old_logp[i] = lp
+            ref_logp = self._score(self.ref_model, batch.seqs) if self.ref_model is not None else None
+            steps = [self._update(s, batch.seqs, adv, old_logp, ref_logp) for s in slices]
+            # The one wait for the device in this phase: every update's statistics, then the
+            # log-probs for the diagnostics, come back together.
+            values = torch.stack([v for v, _ in steps]).tolist()  # [S, len(UPDATE_VALUES)]
+            updates = [update_record(v, micro) for v, (_, micro) in zip(values, steps)]
+            old_logp = logprobs_to_host(old_logp)
         return updates, _collection_diagnostics(batch, adv, old_logp, g)
 
     def _update(
@@ -365,21 +375,24 @@ class Trainer:
         adv: torch.Tensor,
         old_logp: list[torch.Tensor | None],
         ref_logp: list[torch.Tensor] | None,
-    ) -> dict:
+    ) -> tuple[torch.Tensor, int]:
         """One optimizer step on the responses ``idx`` (one slice of B).
 
         Entries of ``old_logp`` that are None are taken from this step's own forward pass
         (detached) and stored back. Micro-batches only bound memory: each adds its share of the
-        loss over the whole slice, so the gradient is the same for any packing.
+        loss over the whole slice, so the gradient is the same for any packing. Returns the
+        step's ``UPDATE_VALUES`` (on the device for the packed path, which never waits for it)
+        and its number of micro-batches.
         """
         cfg = self.cfg
         self.optimizer.zero_grad(set_to_none=True)
+        micro = self._micro_batches(idx, seqs)
         if self.packed_backend:  # sequences back to back, no padding (grpo_knobs.packing)
-            out = update_packed(
+            values = update_packed(
                 self.model,
                 seqs,
                 idx,
-                self._micro_batches(idx, seqs),
+                micro,
                 adv,
                 old_logp,
                 ref_logp,
@@ -387,14 +400,20 @@ class Trainer:
                 self.device,
                 self._autocast,
                 self.packed_backend,
-            )
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
-            self.optimizer.step()
-            return out | {"grad_norm": grad_norm}
+            )  # [8]
+        else:
+            values = self._update_padded(idx, seqs, micro, adv, old_logp, ref_logp)  # [8]
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)  # stays on the device
+        self.optimizer.step()
+        return torch.cat([values, grad_norm.to(values)[None]]), len(micro)
+
+    def _update_padded(self, idx, seqs, micro, adv, old_logp, ref_logp) -> torch.Tensor:
+        """Forward, loss and backward over right-padded micro-batches; returns the loss and
+        ``STAT_NAMES`` sums, [8] on the host."""
+        cfg = self.cfg
         global_batch_tokens = float(sum(len(seqs[i].response_ids) for i in idx))
-        totals = dict.fromkeys(("tokens", "clipped_low", "clipped_high", "ratio_sum", "approx_kl_sum"), 0.0)
-        loss_total, ratio_max = 0.0, 0.0
-        micro = self._micro_batches(idx, seqs)
+        totals = dict.fromkeys(STAT_NAMES, 0.0)
+        loss_total = 0.0
         for mb_idx in micro:
             mb = collate([seqs[i] for i in mb_idx], self.pad_id, self.device)
             r = mb.response_ids.size(1)
@@ -419,12 +438,10 @@ class Trainer:
             )
             terms.loss.backward()
             loss_total += float(terms.loss.detach())
-            ratio_max = max(ratio_max, terms.ratio_max)
-            for k in totals:
-                totals[k] += getattr(terms, k)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
-        self.optimizer.step()
-        return _update_record(loss_total, ratio_max, grad_norm, totals, len(micro))
+            for k in STAT_NAMES:
+                v = getattr(terms, k)
+                totals[k] = max(totals[k], v) if k == "ratio_max" else totals[k] + v
+        return torch.tensor([loss_total, *totals.values()], dtype=torch.float32)
 
     def sync_weights(self) -> None:
         with self.clock.phase("sync"):
@@ -668,22 +685,6 @@ def _collection_diagnostics(batch: Collection, adv: torch.Tensor, old_logp: list
         # mean token entropy, with no pass over the vocabulary.
         "entropy_mean": float(-sampled.mean()) if sampled.numel() else None,
         "zero_advantage_fraction": float((adv.view(-1, g) == 0).all(dim=1).float().mean()),
-    }
-
-
-def _update_record(loss: float, ratio_max: float, grad_norm: float, totals: dict, micro_batches: int) -> dict:
-    n = max(totals["tokens"], 1.0)
-    return {
-        "loss": loss,
-        "clip_fraction": (totals["clipped_low"] + totals["clipped_high"]) / n,
-        "clip_low_fraction": totals["clipped_low"] / n,
-        "clip_high_fraction": totals["clipped_high"] / n,
-        "approx_kl": totals["approx_kl_sum"] / n,
-        "ratio_mean": totals["ratio_sum"] / n,
-        "ratio_max": ratio_max,
-        "grad_norm": grad_norm,
-        "tokens": int(totals["tokens"]),
-        "micro_batches": micro_batches,
     }
 
 
