@@ -276,8 +276,12 @@ def test_source_hash_follows_the_code_and_nothing_else(tmp_path):
     assert source_sha256(pkg) != first
 
 
-@pytest.mark.parametrize("trainer_path", ["padded", "packed"])
-def test_on_policy_logprob_reuse_drops_the_scoring_pass_and_keeps_the_update(tmp_path, monkeypatch, trainer_path):
+@pytest.mark.parametrize(("trainer_path", "global_batch_size"), [("padded", 16), ("packed", 16), ("packed", 8)])
+def test_on_policy_logprob_reuse_drops_the_first_slices_scoring_and_keeps_the_updates(
+    tmp_path, monkeypatch, trainer_path, global_batch_size
+):
+    """P x G = 16 responses in S = 16 / B updates: with reuse, only slices 2..S are scored before the
+    updates, and the run's statistics and final weights are those of the run that scores all."""
     import grpo_knobs.packing as packing_mod
     import grpo_knobs.trainer as trainer_mod
     from safetensors.torch import load_file
@@ -297,10 +301,10 @@ def test_on_policy_logprob_reuse_drops_the_scoring_pass_and_keeps_the_update(tmp
     monkeypatch.setattr(trainer_mod, "token_logprobs", counted)
     monkeypatch.setattr(packing_mod, "packed_token_logprobs", counted_packed)
     finals, rows = {}, {}
-    for reuse in (False, True):  # S = 4 x 4 / 16 = 1: one collection, one update
+    for reuse in (False, True):  # one collection of 4 x 4 responses
         cfg = tiny_cfg(
             tmp_path / str(reuse),
-            global_batch_size=16,
+            global_batch_size=global_batch_size,
             response_budget=16,
             eval_every_responses=16,
             reuse_on_policy_logprobs=reuse,
@@ -309,10 +313,14 @@ def test_on_policy_logprob_reuse_drops_the_scoring_pass_and_keeps_the_update(tmp
         calls.clear()
         run = RunDir(train(cfg, progress=False))
         rows[reuse] = run.collections()[0]
-        assert sum(calls) == (16 if reuse else 32)  # scoring pass + update pass, or the update pass alone
+        # the updates' forward passes (16), plus a scoring pass over all 16 or, with reuse, over slices 2..S
+        assert sum(calls) == 16 + (16 - global_batch_size if reuse else 16)
         finals[reuse] = load_file(str(run.final_path / "model.safetensors"))
     assert rows[True]["per_update"][0]["ratio_max"] == 1.0 and rows[True]["per_update"][0]["clip_fraction"] == 0.0
-    for key in ("loss", "grad_norm"):
-        assert rows[True]["per_update"][0][key] == pytest.approx(rows[False]["per_update"][0][key], rel=1e-4, abs=1e-7)
+    assert len(rows[True]["per_update"]) == 16 // global_batch_size
+    for a, b in zip(rows[True]["per_update"], rows[False]["per_update"]):
+        for key in ("loss", "grad_norm", "ratio_mean", "approx_kl"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-7), key
+    assert rows[True]["entropy_mean"] == pytest.approx(rows[False]["entropy_mean"], rel=1e-5)  # from the old log-probs
     for name, tensor in finals[False].items():
         torch.testing.assert_close(finals[True][name], tensor, rtol=1e-5, atol=1e-6)

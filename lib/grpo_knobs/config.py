@@ -57,11 +57,11 @@ class RunConfig:
     reuse_on_policy_logprobs: bool = field(
         default=False,
         metadata={
-            "help": "With one update per collection (S=1) the old policy is the current one: take the old log-probs "
-            "from the update's own forward pass, detached, instead of a separate scoring pass. Same loss "
-            "and gradients, one forward pass fewer; no effect when S > 1. Off by default: the study's "
-            "trainer time includes old-policy scoring in every arm, and saving it only where S=1 would "
-            "tilt the job-time comparison between knob shapes."
+            "help": "The first of a collection's S updates runs on the weights that generated it: take that "
+            "slice's old log-probs from the update's own forward pass, detached, and score only slices 2..S "
+            "beforehand. Same loss and gradients, 1/S of the scoring pass fewer (all of it when S=1). Off "
+            "by default: the study's trainer time includes old-policy scoring of every response in every "
+            "arm, and a saving that shrinks with S would tilt the job-time comparison between knob shapes."
         },
     )
     # --- budget and evaluation
