@@ -409,7 +409,7 @@ class Trainer:
 
     def _update_padded(self, idx, seqs, micro, adv, old_logp, ref_logp) -> torch.Tensor:
         """Forward, loss and backward over right-padded micro-batches; returns the loss and
-        ``STAT_NAMES`` sums, [8] on the host."""
+        ``STAT_NAMES`` sums, [8] float64 on the host (each micro-batch's were read as it finished)."""
         cfg = self.cfg
         global_batch_tokens = float(sum(len(seqs[i].response_ids) for i in idx))
         totals = dict.fromkeys(STAT_NAMES, 0.0)
@@ -441,7 +441,7 @@ class Trainer:
             for k in STAT_NAMES:
                 v = getattr(terms, k)
                 totals[k] = max(totals[k], v) if k == "ratio_max" else totals[k] + v
-        return torch.tensor([loss_total, *totals.values()], dtype=torch.float32)
+        return torch.tensor([loss_total, *totals.values()], dtype=torch.float64)
 
     def sync_weights(self) -> None:
         with self.clock.phase("sync"):
