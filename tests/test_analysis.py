@@ -1127,6 +1127,24 @@ def test_paired_job_times_compare_only_runs_on_one_decode_path(study):
     assert len(notes) == 2 and all("seeds [2] left out" in n for n in notes)
 
 
+def test_job_times_pair_only_runs_on_one_trainer_path(study):
+    """Runs on one decode path but two trainer paths: seed pairs across trainer paths are left out."""
+    runs = _runs(study, "countdown").copy()
+    runs["rollout_path"] = "fused"
+    runs["trainer_path"] = "packed-liger"
+    pairs = an.default_comparisons(an.recipe_order(runs, "countdown", study.selection))
+    x = pairs[0][0]
+    runs.loc[(runs["label"] == x) & (runs["seed"] == 1), "trainer_path"] = "padded"
+    times = an.paired_job_times(runs, "countdown", pairs).set_index("comparison")
+    assert times.at[f"{x} versus {pairs[0][1]}", "n_seeds"] == 2
+    assert set(times["trainer_path"]) == {"packed-liger"} and set(times["rollout_path"]) == {"fused"}
+    (note,) = [n for n in an.job_time_path_notes(runs, "countdown", pairs) if n.startswith(f"countdown: {x} versus")]
+    assert "seeds [1] left out (runs on different decode or trainer paths)" in note
+    cost = an.phase_cost_table(runs)
+    assert "rollout_path" not in cost.columns
+    assert cost.set_index(["recipe", "trainer_path"]).at[(x, "padded"), "n_runs"] == 1
+
+
 def test_phase_cost_table_splits_decode_paths_only_when_runs_mix_them(study):
     runs = _runs(study, "countdown").copy()
     assert "rollout_path" not in an.phase_cost_table(runs).columns
@@ -1163,10 +1181,14 @@ def test_confirmation_notebook_reports_the_change_from_three_to_five_seeds(tmp_p
     assert times.groupby("comparison")["rollout_path"].apply(sorted).tolist() == [["fused", "unrecorded"]] * 3
 
 
-def test_decode_path_note_only_when_paths_mix(study):
+def test_run_path_note_only_when_paths_mix(study):
     runs = _runs(study, "countdown").copy()
-    assert an.decode_path_note(runs, "countdown") is None
+    assert an.run_path_note(runs, "countdown") is None
     runs["rollout_path"] = np.where(runs["seed"] == 3, "fused", None)
-    assert an.decode_path_note(runs, "countdown").startswith(
-        "countdown: runs used more than one decode path (runs per path: fused 3, unrecorded 6)"
+    assert an.run_path_note(runs, "countdown").startswith(
+        "countdown: runs used more than one decode / trainer path "
+        "(runs per path: fused / unrecorded 3, unrecorded / unrecorded 6)"
     )
+    runs["rollout_path"] = "fused"  # one decode path, two trainer paths
+    runs["trainer_path"] = np.where(runs["seed"] == 1, "padded", "packed-liger")
+    assert "(runs per path: fused / packed-liger 6, fused / padded 3)" in an.run_path_note(runs, "countdown")

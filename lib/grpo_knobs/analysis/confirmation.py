@@ -95,55 +95,66 @@ def paired_comparisons(
     return pd.DataFrame(rows)
 
 
-def _rollout_paths(runs: pd.DataFrame) -> pd.Series:
-    """Each run's recorded decode path; runs that predate the record share one "unrecorded" path."""
-    paths = runs["rollout_path"] if "rollout_path" in runs else pd.Series(None, index=runs.index, dtype=object)
-    return paths.fillna("unrecorded").astype(str)
+# What a run's times in seconds depend on besides its recipe: how it generated and how it trained.
+PATH_COLUMNS = ("rollout_path", "trainer_path")
 
 
-def decode_path_note(runs: pd.DataFrame, task: str) -> str | None:
-    """A line naming the decode paths when the task's runs used more than one, else None: times in
-    seconds then depend on the path as well as the recipe, while response counts do not."""
-    task_runs = runs[runs["task"] == task]
-    paths = _rollout_paths(task_runs)
-    if paths.nunique() < 2:
+def _run_paths(runs: pd.DataFrame) -> pd.DataFrame:
+    """Each run's recorded decode and trainer path ([runs, 2]); a field a record predates reads "unrecorded"."""
+    missing = pd.Series(None, index=runs.index, dtype=object)
+    return pd.DataFrame({c: runs.get(c, missing).fillna("unrecorded").astype(str) for c in PATH_COLUMNS})
+
+
+def _path_key(runs: pd.DataFrame) -> pd.Series:
+    """One label per (decode path, trainer path), e.g. "fused / packed-liger"."""
+    paths = _run_paths(runs)
+    return paths["rollout_path"] + " / " + paths["trainer_path"]
+
+
+def run_path_note(runs: pd.DataFrame, task: str) -> str | None:
+    """A line naming the decode and trainer paths when the task's runs used more than one, else
+    None: times in seconds then depend on the path as well as the recipe, while response counts do not."""
+    keys = _path_key(runs[runs["task"] == task])
+    if keys.nunique() < 2:
         return None
-    counts = ", ".join(f"{path} {n}" for path, n in paths.value_counts().sort_index().items())
+    counts = ", ".join(f"{key} {n}" for key, n in keys.value_counts().sort_index().items())
     return (
-        f"{task}: runs used more than one decode path (runs per path: {counts}); times in seconds "
+        f"{task}: runs used more than one decode / trainer path (runs per path: {counts}); times in seconds "
         "mix them, compare recipes on responses or within one path"
     )
 
 
 def job_time_path_notes(runs: pd.DataFrame, task: str, pairs: Sequence[tuple[str, str]]) -> list[str]:
-    """One line per pair whose seed pairs include runs on different decode paths (left out of
-    :func:`paired_job_times`, since job time depends on the path); empty when every seed pair is on one path."""
+    """One line per pair whose seed pairs include runs on different decode or trainer paths (left out
+    of :func:`paired_job_times`, since job time depends on both); empty when every seed pair shares one."""
     notes = []
-    task_runs = runs[runs["task"] == task].assign(_path=lambda r: _rollout_paths(r))
+    task_runs = runs[runs["task"] == task].assign(_path=_path_key)
     for x, y in pairs:
         paths = {label: task_runs[task_runs["label"] == label].set_index("seed")["_path"] for label in (x, y)}
         common = sorted(set(paths[x].index) & set(paths[y].index))
         mixed = [s for s in common if paths[x][s] != paths[y][s]]
         if mixed:
             notes.append(
-                f"{task}: {x} versus {y}: job times of seeds {mixed} left out (runs on different decode "
-                f"paths); accuracy comparisons use every seed"
+                f"{task}: {x} versus {y}: job times of seeds {mixed} left out (runs on different decode or "
+                f"trainer paths); accuracy comparisons use every seed"
             )
     return notes
 
 
 def paired_job_times(runs: pd.DataFrame, task: str, pairs: Sequence[tuple[str, str]]) -> pd.DataFrame:
-    """Job-time change of ``x`` against ``y`` per pair and decode path, seeds paired by number (the
-    study's "time reduction": 1 - x / y, positive when ``x`` finishes sooner).
+    """Job-time change of ``x`` against ``y`` per pair and path, seeds paired by number (the study's
+    "time reduction": 1 - x / y, positive when ``x`` finishes sooner).
 
-    Job time depends on the decode path a run used (``rollout_path``; runs
-    that predate the record count as one "unrecorded" path), so a seed pair
-    counts only when both runs used the same path, and each path gets its own
-    row (:func:`job_time_path_notes` lists the seed pairs left out). A pair
-    without such a seed is left out.
+    Job time depends on how a run generated (``rollout_path``) and trained (``trainer_path``);
+    runs that predate a record count as "unrecorded" there. A seed pair counts only when both
+    runs share both paths, and each (decode, trainer) path gets its own row
+    (:func:`job_time_path_notes` lists the seed pairs left out). A pair without such a seed is
+    left out.
     """
     rows = []
-    task_runs = runs[runs["task"] == task].assign(_path=lambda r: _rollout_paths(r))
+    task_runs = runs[runs["task"] == task]
+    task_runs = task_runs.drop(columns=list(PATH_COLUMNS), errors="ignore").join(_run_paths(task_runs))
+    task_runs = task_runs.assign(_path=_path_key)
     for x, y in pairs:
         chosen = {label: task_runs[task_runs["label"] == label].set_index("seed") for label in (x, y)}
         common = sorted(set(chosen[x].index) & set(chosen[y].index))
@@ -159,7 +170,7 @@ def paired_job_times(runs: pd.DataFrame, task: str, pairs: Sequence[tuple[str, s
                 {
                     "task": task,
                     "comparison": f"{x} versus {y}",
-                    "rollout_path": path,
+                    **{c: chosen[x].at[seeds[0], c] for c in PATH_COLUMNS},
                     "x_job_min": a.mean(),
                     "y_job_min": b.mean(),
                     "ratio": a.mean() / b.mean(),
@@ -174,7 +185,7 @@ def paired_job_times(runs: pd.DataFrame, task: str, pairs: Sequence[tuple[str, s
         columns=[
             "task",
             "comparison",
-            "rollout_path",
+            *PATH_COLUMNS,
             "x_job_min",
             "y_job_min",
             "ratio",
@@ -205,15 +216,16 @@ def phase_cost_table(runs: pd.DataFrame, labels: Sequence[str] | None = None) ->
     "Other" is job time minus the recorded phases (generation, trainer,
     sync), as in the study: it holds initialization, validation, checkpoint
     saving and orchestration. When the runs used more than one decode path
-    (``rollout_path``), each path gets its own rows, since times depend on it.
+    (``rollout_path``) or trainer path (``trainer_path``), each gets its own rows, since times
+    depend on them.
     """
-    paths = _rollout_paths(runs)
-    by_path = paths.nunique() > 1
+    paths = _run_paths(runs)
+    split = [c for c in PATH_COLUMNS if paths[c].nunique() > 1]
     per_run = pd.DataFrame(
         {
             "task": runs["task"],
             "recipe": runs["label"],
-            **({"rollout_path": paths} if by_path else {}),
+            **{c: paths[c] for c in split},
             "generate_min": runs["generation_seconds"] / 60,
             "trainer_min": runs["trainer_seconds"] / 60,
             "sync_min": runs["sync_seconds"] / 60,
@@ -224,7 +236,7 @@ def phase_cost_table(runs: pd.DataFrame, labels: Sequence[str] | None = None) ->
             "output_million_tokens": runs["output_tokens"] / 1e6,
         }
     )
-    keys = ["task", "recipe", "rollout_path"] if by_path else ["task", "recipe"]
+    keys = ["task", "recipe", *split]
     table = per_run.groupby(keys, sort=False).mean().reset_index()
     table["n_runs"] = per_run.groupby(keys, sort=False).size().to_numpy()
     return _sort_by_labels(table, labels, keys)
