@@ -100,21 +100,38 @@ PATH_COLUMNS = ("rollout_path", "trainer_path")
 
 
 def _run_paths(runs: pd.DataFrame) -> pd.DataFrame:
-    """Each run's recorded decode and trainer path ([runs, 2]); a field a record predates reads "unrecorded"."""
+    """Each run's recorded decode and trainer path ([runs, 2]), and ``_path``, one label for the pair
+    (e.g. "fused / packed-liger"); a field a record predates reads "unrecorded"."""
     missing = pd.Series(None, index=runs.index, dtype=object)
-    return pd.DataFrame({c: runs.get(c, missing).fillna("unrecorded").astype(str) for c in PATH_COLUMNS})
+    paths = pd.DataFrame({c: runs.get(c, missing).fillna("unrecorded").astype(str) for c in PATH_COLUMNS})
+    return paths.assign(_path=paths["rollout_path"] + " / " + paths["trainer_path"])
 
 
-def _path_key(runs: pd.DataFrame) -> pd.Series:
-    """One label per (decode path, trainer path), e.g. "fused / packed-liger"."""
-    paths = _run_paths(runs)
-    return paths["rollout_path"] + " / " + paths["trainer_path"]
+def _task_runs(runs: pd.DataFrame, task: str) -> pd.DataFrame:
+    """The task's runs with their paths filled in (:func:`_run_paths`)."""
+    task_runs = runs[runs["task"] == task]
+    return task_runs.drop(columns=list(PATH_COLUMNS), errors="ignore").join(_run_paths(task_runs))
+
+
+def _seed_pairs(task_runs: pd.DataFrame, x: str, y: str) -> tuple[dict, dict[str, list], list]:
+    """Runs of ``x`` and ``y`` by seed, the seeds both ran split into those whose two runs share a
+    path (by path) and those on different paths."""
+    chosen = {label: task_runs[task_runs["label"] == label].set_index("seed") for label in (x, y)}
+    shared: dict[str, list] = {}
+    mixed = []
+    for seed in sorted(set(chosen[x].index) & set(chosen[y].index)):
+        path = chosen[x].at[seed, "_path"]
+        if path == chosen[y].at[seed, "_path"]:
+            shared.setdefault(path, []).append(seed)
+        else:
+            mixed.append(seed)
+    return chosen, shared, mixed
 
 
 def run_path_note(runs: pd.DataFrame, task: str) -> str | None:
     """A line naming the decode and trainer paths when the task's runs used more than one, else
     None: times in seconds then depend on the path as well as the recipe, while response counts do not."""
-    keys = _path_key(runs[runs["task"] == task])
+    keys = _task_runs(runs, task)["_path"]
     if keys.nunique() < 2:
         return None
     counts = ", ".join(f"{key} {n}" for key, n in keys.value_counts().sort_index().items())
@@ -128,11 +145,9 @@ def job_time_path_notes(runs: pd.DataFrame, task: str, pairs: Sequence[tuple[str
     """One line per pair whose seed pairs include runs on different decode or trainer paths (left out
     of :func:`paired_job_times`, since job time depends on both); empty when every seed pair shares one."""
     notes = []
-    task_runs = runs[runs["task"] == task].assign(_path=_path_key)
+    task_runs = _task_runs(runs, task)
     for x, y in pairs:
-        paths = {label: task_runs[task_runs["label"] == label].set_index("seed")["_path"] for label in (x, y)}
-        common = sorted(set(paths[x].index) & set(paths[y].index))
-        mixed = [s for s in common if paths[x][s] != paths[y][s]]
+        _, _, mixed = _seed_pairs(task_runs, x, y)
         if mixed:
             notes.append(
                 f"{task}: {x} versus {y}: job times of seeds {mixed} left out (runs on different decode or "
@@ -152,17 +167,10 @@ def paired_job_times(runs: pd.DataFrame, task: str, pairs: Sequence[tuple[str, s
     left out.
     """
     rows = []
-    task_runs = runs[runs["task"] == task]
-    task_runs = task_runs.drop(columns=list(PATH_COLUMNS), errors="ignore").join(_run_paths(task_runs))
-    task_runs = task_runs.assign(_path=_path_key)
+    task_runs = _task_runs(runs, task)
     for x, y in pairs:
-        chosen = {label: task_runs[task_runs["label"] == label].set_index("seed") for label in (x, y)}
-        common = sorted(set(chosen[x].index) & set(chosen[y].index))
-        by_path: dict[str, list] = {}
-        for seed in common:
-            if chosen[x].at[seed, "_path"] == chosen[y].at[seed, "_path"]:
-                by_path.setdefault(chosen[x].at[seed, "_path"], []).append(seed)
-        for path, seeds in sorted(by_path.items()):
+        chosen, by_path, _ = _seed_pairs(task_runs, x, y)
+        for _, seeds in sorted(by_path.items()):  # one row per shared path
             a = chosen[x].loc[seeds, "job_seconds"].to_numpy() / 60  # [seeds]
             b = chosen[y].loc[seeds, "job_seconds"].to_numpy() / 60  # [seeds]
             reductions = 100 * (1 - a / b)  # [seeds]
