@@ -126,11 +126,12 @@ def main(argv=None) -> list[dict]:
     report("silu_mul", time_us(lambda: K.silu_mul(gate_up, act)), 3 * B * I * el)
     logits = t(B, V)
     one, zero = torch.ones(1, device=device), torch.zeros(1, dtype=torch.long, device=device)
+    keys = torch.arange(B, device=device)  # one response key per row
     tok, lp = torch.empty(B, dtype=torch.long, device=device), torch.empty(B, device=device)
     for greedy in (False, True):
         report(
             f"sample ({'greedy' if greedy else 'T > 0'})",
-            time_us(lambda: K.sample(logits, one, zero, zero, greedy, tok, lp)),
+            time_us(lambda: K.sample(logits, one, keys, zero, greedy, tok, lp)),
             B * V * el,
         )
     for name, (n_out, n_in) in {

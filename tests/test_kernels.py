@@ -84,21 +84,23 @@ def test_sample_greedy_is_argmax_with_log_softmax():
     logits[1, [3, 33]] = 10.0
     tok, lp = torch.empty(5, dtype=torch.long), torch.empty(5)
     one, zero = torch.ones(1), torch.zeros(1, dtype=torch.long)
-    K.sample(logits, one, zero, zero, True, tok, lp, block=128)  # three blocks, the last one partial
+    K.sample(logits, one, torch.zeros(5, dtype=torch.long), zero, True, tok, lp, block=128)  # 3 blocks, 1 partial
     assert torch.equal(tok, logits.argmax(-1)) and tok[:2].tolist() == [40, 3]
     torch.testing.assert_close(lp, logits.log_softmax(-1).gather(-1, tok[:, None])[:, 0])
 
 
 def test_sample_draws_from_softmax_at_temperature():
-    """Many rows of one distribution: token frequencies match softmax(z / T) within 4 standard errors,
-    each draw reports its own log-prob, and the noise is fixed by (seed, step) and changes with either."""
+    """Many rows of one distribution, one response key each: token frequencies match softmax(z / T) within 4
+    standard errors, each draw reports its own log-prob, and the noise is fixed by (key, step) and changes
+    with either."""
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -4.0])
     temperature = 0.7
     inv_t = torch.tensor([1 / temperature])
 
     def draw(seed, step, rows):
         tok, lp = torch.empty(rows, dtype=torch.long), torch.empty(rows)
-        K.sample(logits.expand(rows, -1), inv_t, torch.tensor([seed]), torch.tensor([step]), False, tok, lp, block=8)
+        keys = seed * 1000 + torch.arange(rows)  # [rows] distinct keys
+        K.sample(logits.expand(rows, -1), inv_t, keys, torch.tensor([step]), False, tok, lp, block=8)
         return tok, lp
 
     rows = 600  # the interpreter runs each row's program in Python (~15 ms); 4 SE still tells T = 0.7 from T = 1

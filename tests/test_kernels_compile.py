@@ -60,7 +60,8 @@ SCRIPT = textwrap.dedent("""
                            bf16(B, n_q * D))
     K.silu_mul(bf16(B, 2 * I), bf16(B, I))
     for greedy in (False, True):
-        K.sample(bf16(B, V), torch.ones(1), long1, long1, greedy, torch.zeros(B, dtype=torch.long), torch.zeros(B))
+        keys = torch.zeros(B, dtype=torch.long)
+        K.sample(bf16(B, V), torch.ones(1), keys, long1, greedy, torch.zeros(B, dtype=torch.long), torch.zeros(B))
 
     TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int64: "*i64", torch.int32: "*i32",
              torch.bool: "*i1"}

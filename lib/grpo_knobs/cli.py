@@ -199,6 +199,14 @@ def _cmd_export(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compare_runs(a: argparse.Namespace) -> int:
+    from .determinism import compare_runs, comparison_json, format_comparison
+
+    comparison = compare_runs(a.run_a, a.run_b)
+    print(json.dumps(comparison_json(comparison), indent=2, default=str) if a.json else format_comparison(comparison))
+    return 0 if comparison.identical else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="grpo-knobs", description=__doc__.splitlines()[0])
     p.add_argument("--debug", action="store_true", help=f"Show tracebacks (also: {DEBUG_ENV}=1).")
@@ -327,6 +335,16 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--out", default=None, help="Default: DIR/tracking/<tracker>.")
     ex.add_argument("--project", default=None, help="trackio project (default: the study's name).")
     ex.set_defaults(func=_cmd_export)
+
+    cr = sub.add_parser(
+        "compare-runs",
+        help="Whether two runs' records are identical (clock and memory fields aside); if not, where they part. "
+        "Exit 0 identical, 1 different.",
+    )
+    cr.add_argument("run_a", help="A run directory.")
+    cr.add_argument("run_b", help="Another run directory.")
+    cr.add_argument("--json", action="store_true")
+    cr.set_defaults(func=_cmd_compare_runs)
     return p
 
 

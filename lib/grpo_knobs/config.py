@@ -66,6 +66,16 @@ class RunConfig:
     )
     # --- budget and evaluation
     seed: int = field(default=1, metadata={"help": "Fixes data draws, sampling and initialisation of a run."})
+    deterministic: bool = field(
+        default=False,
+        metadata={
+            "help": "Bit-identical reruns of a seed on one GPU model and software stack: kernels with a fixed "
+            "reduction order (torch's deterministic algorithms, cuBLAS's reproducible workspace, flash "
+            "attention's deterministic backward, Inductor without benchmarking), a packed token budget fixed "
+            "by the GPU's total memory, and every path's sampling noise keyed per response. Costs job time "
+            "(docs/determinism.md); CPU runs are reproducible either way."
+        },
+    )
     response_budget: int = field(default=1024, metadata={"help": "Training responses in the run (whole collections)."})
     eval_every_responses: int = field(
         default=512, metadata={"help": "Evaluate every N responses (whole collections)."}
@@ -127,10 +137,11 @@ class RunConfig:
         default=None,
         metadata={"help": "sglang: first server GPU (--base-gpu-id); None: not the trainer's where two are visible."},
     )
-    sglang_deterministic: bool = field(
-        default=False,
+    sglang_deterministic: bool | None = field(
+        default=None,
         metadata={
-            "help": "sglang: --enable-deterministic-inference, so per-response seeds reproduce samples (slower)."
+            "help": "sglang: --enable-deterministic-inference, so per-response seeds reproduce samples (slower); "
+            "None follows deterministic."
         },
     )
     sglang_server_args: str = field(
@@ -206,6 +217,11 @@ class RunConfig:
     @property
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.resolved_run_id
+
+    @property
+    def sglang_deterministic_resolved(self) -> bool:
+        """Whether the SGLang server runs its deterministic inference: its own setting, else ``deterministic``."""
+        return self.deterministic if self.sglang_deterministic is None else self.sglang_deterministic
 
     def validate(self) -> BatchPlan:
         """Fail fast, with the field name and a fix, on any bad value. Changes nothing; returns the
@@ -398,6 +414,8 @@ def _literal(value: Any) -> str:
 RESUMABLE_FIELDS = frozenset(
     {"resume", "output_dir", "device", "engine_url", "data_dir", "tracker", "tracking_dir", "resume_every_collections"}
 )
+# Fields whose None means "the same as another field".
+FOLLOWING_FIELDS = {"sglang_deterministic": "deterministic"}
 FAST_ROLLOUT = ("auto", "on", "off", "fused")
 TRAINER_PATHS = ("auto", "packed", "packed-liger", "packed-compiled", "padded")
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
@@ -411,6 +429,10 @@ def config_drift(recorded: dict[str, Any], cfg: RunConfig) -> list[str]:
     """
     recorded = {DEPRECATED_NAMES.get(k, k): v for k, v in recorded.items()}  # records keep their old names
     now = cfg.to_dict()
+    for name, leader in FOLLOWING_FIELDS.items():  # None means "as the leader": compare what takes effect
+        if name in recorded:
+            recorded[name] = recorded.get(leader, False) if recorded[name] is None else recorded[name]
+            now[name] = now[leader] if now[name] is None else now[name]
     return [
         f"{k}: recorded {recorded[k]!r}, now {v!r}"
         for k, v in now.items()

@@ -61,6 +61,7 @@ TRL_DEFAULTS: dict[str, Any] = {
     "min_p": None,
     "repetition_penalty": 1.0,
     "seed": 42,
+    "full_determinism": False,
 }
 
 # Defaults of the verl keys read here (verl/trainer/config/_generated_ppo_trainer.yaml at VERL_COMMIT).
@@ -189,6 +190,7 @@ def to_trl(cfg: Any, num_processes: int = 1, gradient_accumulation_steps: int = 
         "top_p": 1.0,
         "top_k": 0,
         "seed": cfg.seed,
+        "full_determinism": cfg.deterministic,
     }
 
 
@@ -297,6 +299,7 @@ def from_trl(config: Any, num_processes: int | None = None) -> dict[str, Any]:
         max_new_tokens=get("max_completion_length"),
         temperature=get("temperature"),
         seed=get("seed"),
+        deterministic=get("full_determinism"),
     )
     if max_steps and max_steps > 0:
         out["response_budget"] = (

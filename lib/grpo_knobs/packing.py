@@ -66,13 +66,16 @@ def token_budget_micro_batches(lengths: list[int], max_tokens: int) -> list[list
 
 
 def memory_token_budget(
-    model: torch.nn.Module, device: torch.device, fraction: float = 0.5, cap: int = 131_072
+    model: torch.nn.Module, device: torch.device, fraction: float = 0.5, cap: int = 131_072, fixed: bool = False
 ) -> int:
     """Tokens per packed micro-batch that fit in ``fraction`` of the device's free memory.
 
     Counts the bf16 activations the backward pass keeps per token and layer (norms, q/k/v,
     attention output and its log-sum-exp, MLP gate/up/product) with a 1.5x margin; the
     chunked log-prob head adds a fixed ~2 GiB that the fraction leaves room for.
+    ``fixed``: size from the device's total memory instead (0.35 of it), so the split into
+    micro-batches, and with it the order gradients are summed in, is the same in every run
+    on that GPU model, whatever else holds memory at the time.
     """
     if device.type != "cuda":
         return 16_384
@@ -80,8 +83,9 @@ def memory_token_budget(
     kv = c.num_key_value_heads * (c.hidden_size // c.num_attention_heads)
     per_layer = 6 * c.hidden_size + 2 * kv + 5 * c.intermediate_size
     per_token = int(1.5 * 2 * c.num_hidden_layers * per_layer)
-    free, _ = torch.cuda.mem_get_info(device)
-    return int(max(4096, min(cap, fraction * free // per_token)))
+    free, total = torch.cuda.mem_get_info(device)
+    available = 0.35 * total if fixed else fraction * free
+    return int(max(4096, min(cap, available // per_token)))
 
 
 @dataclass
@@ -243,7 +247,7 @@ def _decoder_layer(
     return x + _linear(_silu_mul(_linear(h, wg, None), _linear(h, wu, None), fused), wd, None)
 
 
-_COMPILED: dict[str, object] = {}
+_COMPILED: dict[object, object] = {}
 
 
 def _liger_ops():
@@ -259,10 +263,19 @@ def _liger_ops():
     return _COMPILED["liger"]
 
 
+def _compile(fn):
+    """torch.compile, dynamic in the token count. Under torch's deterministic algorithms Inductor also
+    chooses kernel configurations without timing them: a choice made by benchmarking can differ from
+    one process to the next, and with it a reduction's order."""
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    return torch.compile(fn, dynamic=True, options={"deterministic": True} if deterministic else None)
+
+
 def _compiled_layer():
-    if "layer" not in _COMPILED:
-        _COMPILED["layer"] = torch.compile(_decoder_layer, dynamic=True)
-    return _COMPILED["layer"]
+    key = ("layer", torch.are_deterministic_algorithms_enabled())
+    if key not in _COMPILED:
+        _COMPILED[key] = _compile(_decoder_layer)
+    return _COMPILED[key]
 
 
 def _layer_tensors(layer: torch.nn.Module) -> tuple:
@@ -365,9 +378,10 @@ def _head_backward(
 def _head_fns(compile: bool):
     if not compile:
         return _head_forward, _head_backward
-    if "head" not in _COMPILED:
-        _COMPILED["head"] = (torch.compile(_head_forward, dynamic=True), torch.compile(_head_backward, dynamic=True))
-    return _COMPILED["head"]
+    key = ("head", torch.are_deterministic_algorithms_enabled())
+    if key not in _COMPILED:
+        _COMPILED[key] = (_compile(_head_forward), _compile(_head_backward))
+    return _COMPILED[key]
 
 
 class _ChunkedTargetLogprob(torch.autograd.Function):

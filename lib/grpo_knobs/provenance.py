@@ -19,6 +19,8 @@ PACKAGES = (
     "pyarrow",
     "scipy",
     "papermill",
+    "triton",
+    "liger-kernel",
     "sglang",
 )
 REPO_ROOT = Path(__file__).resolve().parents[2]

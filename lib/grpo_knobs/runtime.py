@@ -3,6 +3,7 @@ and tying a worker's life to its parent's."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import random
@@ -31,6 +32,82 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+# cuBLAS reproduces its results run to run only with one of these workspace settings (NVIDIA's cuBLAS
+# documentation, "Results reproducibility"); torch refuses a GEMM in deterministic mode without it.
+CUBLAS_WORKSPACE_ENV = "CUBLAS_WORKSPACE_CONFIG"
+CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
+
+
+@contextlib.contextmanager
+def deterministic_mode(enabled: bool = True):
+    """Run the block with a fixed reduction order in every kernel torch launches; yields what was set.
+
+    torch's deterministic algorithms (index_add, scatter_add and gather backward without atomics, flash and
+    memory-efficient attention's deterministic backward), cuBLAS's reproducible workspace, cuDNN without
+    autotuning. Uninitialised memory is left unfilled: the run never reads it, and filling every
+    ``torch.empty`` would slow decoding. The previous settings come back afterwards, so one process can run
+    deterministic and default runs one after another. With ``enabled`` False this changes nothing and
+    yields an empty mapping.
+    """
+    if not enabled:
+        yield {}
+        return
+    import torch.utils.deterministic
+
+    saved_env = os.environ.get(CUBLAS_WORKSPACE_ENV)
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.utils.deterministic.fill_uninitialized_memory,
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+    )
+    if saved_env not in CUBLAS_DETERMINISTIC:
+        os.environ[CUBLAS_WORKSPACE_ENV] = CUBLAS_DETERMINISTIC[0]
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    try:
+        yield {
+            "torch_deterministic_algorithms": True,
+            CUBLAS_WORKSPACE_ENV: os.environ[CUBLAS_WORKSPACE_ENV],
+            "cudnn_deterministic": True,
+            "cudnn_benchmark": False,
+        }
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.utils.deterministic.fill_uninitialized_memory = saved[2]
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[3], saved[4]
+        if saved_env is None:
+            os.environ.pop(CUBLAS_WORKSPACE_ENV, None)
+        else:
+            os.environ[CUBLAS_WORKSPACE_ENV] = saved_env
+
+
+@contextlib.contextmanager
+def without_deterministic_algorithms():
+    """Suspend torch's deterministic algorithms for the block (cuBLAS's workspace setting stays).
+
+    For code whose kernels are deterministic already, where torch's replacements only cost: the decoder
+    runs forward passes with no atomic reductions, and torch's deterministic ``index_copy_`` would sort
+    its indices on every decode step, inside the captured CUDA graphs.
+    """
+    import torch
+
+    enabled, warn_only = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    if not enabled:
+        yield
+        return
+    torch.use_deterministic_algorithms(False)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(True, warn_only=warn_only)
 
 
 def sync_cuda() -> None:

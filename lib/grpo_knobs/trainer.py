@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from . import data as data_mod
 from .config import RunConfig, config_drift
+from .determinism import DIGEST_FILE, weights_sha256, write_digest
 from .evaluation import encode_prompts, evaluate
 from .grpo import (
     STAT_NAMES,
@@ -57,7 +58,14 @@ from .prompts import prompt_version
 from .provenance import git_commit, package_versions, source_sha256
 from .records import RunDir, atomic_write_json, fsync_tree, read_json
 from .rollout.base import Generation
-from .runtime import DIE_WITH_PARENT_ENV, die_with_parent, resolve_device, seed_everything, sync_cuda
+from .runtime import (
+    DIE_WITH_PARENT_ENV,
+    deterministic_mode,
+    die_with_parent,
+    resolve_device,
+    seed_everything,
+    sync_cuda,
+)
 from .tracking import NullTracker, open_tracker
 from .verifiers import grade
 
@@ -171,12 +179,14 @@ class Trainer:
         self.plan = cfg.plan
         self.device = resolve_device(cfg.device)
         self.tracker = NullTracker()  # opened once the run directory exists (tracker=tensorboard|trackio)
+        self.determinism: dict = {}  # what deterministic mode set (recorded in config.json)
 
     # ----------------------------------------------------------------- the loop
     def run_loop(self) -> Path:
         """Run (or resume, or finish) the run under its one-writer lock; returns the run directory."""
         cfg = self.cfg
-        with exclusive(run_lock_path(cfg.output_dir, cfg.resolved_run_id), f"run {self.run.path}"):
+        lock = exclusive(run_lock_path(cfg.output_dir, cfg.resolved_run_id), f"run {self.run.path}")
+        with lock, deterministic_mode(cfg.deterministic) as self.determinism:
             resuming = self.run.check_new(cfg.resume)  # refuses to overwrite, before any slow set-up
             if resuming and self.run.is_complete():
                 return self.run.path
@@ -261,7 +271,9 @@ class Trainer:
             engine_kw: dict[str, Any] = {"device": self.device}
             if cfg.engine == "hf":
                 fast = {"auto": "auto", "on": True, "off": False, "fused": "fused"}[cfg.fast_rollout]
-                engine_kw.update(max_batch_size=cfg.max_concurrent_sequences, fast=fast)
+                engine_kw.update(
+                    max_batch_size=cfg.max_concurrent_sequences, fast=fast, keyed_sampling=cfg.deterministic
+                )
             else:
                 from .rollout.sglang import engine_options
 
@@ -272,6 +284,14 @@ class Trainer:
             self.trainer_path = resolve_trainer_path(cfg.trainer_path, self.model, self.device)
             self.packed_backend = PACKED_BACKENDS.get(self.trainer_path)  # None: the padded path
             self._token_budget: int | None = None
+            if cfg.deterministic and self.packed_backend and cfg.micro_batch_size is None:
+                # Fixed now, from the GPU's total memory: the split into micro-batches (the order gradients
+                # are summed in) must not depend on what else holds memory when the first update runs.
+                self._token_budget = cfg.packed_tokens_per_micro_batch or (
+                    memory_token_budget(self.model, self.device, fixed=True)
+                    if self.device.type == "cuda"
+                    else cfg.max_tokens_per_micro_batch
+                )
 
     def _autocast(self):
         if self.device.type == "cuda":
@@ -518,12 +538,28 @@ class Trainer:
             "gpu": torch.cuda.get_device_name(0) if self.device.type == "cuda" else None,
             "rollout_path": getattr(self.engine, "path", cfg.engine),
             "trainer_path": self.trainer_path,
+            "determinism": self._determinism_record(),
             "engine_version": getattr(self.engine, "server_version", None),
             "packages": package_versions(),
             "git_commit": git_commit(),
             "source_sha256": source_sha256(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "argv": sys.argv,
+        }
+
+    def _determinism_record(self) -> dict:
+        """What fixes this run's arithmetic and noise, beside the deterministic flag in ``config``."""
+        cfg = self.cfg
+        if cfg.engine == "sglang":
+            sampling = "sglang deterministic inference" if cfg.sglang_deterministic_resolved else "sglang default"
+        else:
+            keyed = cfg.deterministic or getattr(self.engine, "path", "") == "fused"
+            sampling = "keyed per response" if keyed else "torch stream by batch row"
+        return {
+            "deterministic": cfg.deterministic,
+            "settings": self.determinism,
+            "sampling_noise": sampling,
+            "packed_tokens_per_micro_batch": self._token_budget if cfg.deterministic else None,
         }
 
     def _check_recorded_config(self) -> None:
@@ -643,9 +679,13 @@ class Trainer:
     # ----------------------------------------------------------------- finish
     def _finish(self, n_coll: int) -> None:
         """Each step can be repeated, so a run killed while finishing finishes on resume."""
-        if self.cfg.save_checkpoint and not self.run.final_path.exists():
+        if not self.run.final_path.exists():  # the weights in memory are the run's final weights
             with self.clock.phase("checkpoint"):
-                save_checkpoint(self.model, self.tokenizer, self.run.final_path)
+                write_digest(self.run, self.cfg.deterministic, weights_sha256(self.model))
+                if self.cfg.save_checkpoint:
+                    save_checkpoint(self.model, self.tokenizer, self.run.final_path)
+        elif not (self.run.path / DIGEST_FILE).exists():  # finished by older code: no weights hash to give
+            write_digest(self.run, self.cfg.deterministic, None)
         self._write_timings()
         self.run.write_state("complete", n_coll)
         self.run.prune_resume_states(keep=None)

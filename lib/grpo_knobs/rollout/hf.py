@@ -17,6 +17,7 @@ from contextlib import contextmanager
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from ..runtime import without_deterministic_algorithms
 from .base import Generation, RolloutEngine, cut_at_stop, repeat_prompts
 
 FAST_MODEL_TYPES = ("llama", "qwen2", "qwen3")  # decoder layers the static decoder re-implements around
@@ -36,6 +37,49 @@ def sample_tokens(logits: torch.Tensor, inv_temperature: torch.Tensor, greedy: b
         # clamp: a zero draw would make -log E infinite and pick its token regardless of z
         noise = torch.empty_like(z).exponential_().clamp_min_(torch.finfo(torch.float32).tiny).log_()  # [B, V]
         tokens = (z - noise).argmax(-1)  # [B]
+    logprobs = z.gather(-1, tokens[:, None])[:, 0] - torch.logsumexp(z, -1)  # [B]
+    return tokens, logprobs
+
+
+_U64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a bijection of 64-bit integers that scatters nearby inputs."""
+    x = (x + 0x9E3779B97F4A7C15) & _U64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _U64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _U64
+    return x ^ (x >> 31)
+
+
+def response_keys(seed: int, n_prompts: int, n: int) -> torch.Tensor:
+    """One 64-bit key per response, prompt-major: a hash of (seed, prompt position, sample index). [n_prompts * n]
+
+    A keyed sampler draws a response's noise from its key and the token position alone, so the response
+    does not depend on its row in the batch, on how many prompts share the call, on the chunks of
+    ``max_batch_size`` rows, on rows dropped as others finish, or on the CUDA-graph width bucket.
+    """
+    keys = [_mix64(_mix64(_mix64(seed & _U64) ^ k) ^ s) for k in range(n_prompts) for s in range(n)]
+    return torch.tensor([k - (1 << 64) if k >> 63 else k for k in keys], dtype=torch.int64)  # int64 bit patterns
+
+
+def keyed_sample_tokens(
+    logits: torch.Tensor, inv_temperature: torch.Tensor, keys: torch.Tensor, step: int, greedy: bool
+):
+    """``sample_tokens`` with row r's noise drawn from a generator seeded by (keys[r], step) alone.
+
+    The host-side keyed sampler of the CPU paths (the GPU paths use ``kernels.sample``, Philox keyed the same
+    way): one small generator per row, so the cost is a seed and an exponential draw per row and step.
+    """
+    if greedy:
+        return sample_tokens(logits, inv_temperature, greedy=True)
+    z = logits.float() * inv_temperature  # [B, V]
+    noise = torch.empty_like(z)  # [B, V]
+    salt = _mix64(step)
+    for r, key in enumerate(keys[: z.shape[0]].tolist()):
+        noise[r].exponential_(generator=torch.Generator(z.device).manual_seed(_mix64((key & _U64) ^ salt)))
+    noise.clamp_min_(torch.finfo(torch.float32).tiny).log_()  # a zero draw would pick its token regardless of z
+    tokens = (z - noise).argmax(-1)  # [B]
     logprobs = z.gather(-1, tokens[:, None])[:, 0] - torch.logsumexp(z, -1)  # [B]
     return tokens, logprobs
 
@@ -72,6 +116,7 @@ class StaticDecoder:
         compact: bool = False,
         check_every: int = 16,
         min_rows: int = 16,
+        keyed: bool = False,
     ):
         cfg = model.config
         layer_types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
@@ -106,6 +151,9 @@ class StaticDecoder:
         # decoding, move them to the front and continue at the next power-of-two width (>= min_rows)
         self.compact, self.check_every, self.min_rows = compact, check_every, min_rows
         self.compactions = 0  # how often rows were dropped (benchmarks and tests read it)
+        # keyed: each row's noise comes from its response key (response_keys), not from torch's stream.
+        # The fused sampler is always keyed; the plain one only when asked (deterministic runs).
+        self.keyed = keyed or fused
 
     def _allocate(self, rows: int, cap: int):
         """Grow the cache and step state; graphs captured on the old buffers are dropped with them."""
@@ -129,7 +177,7 @@ class StaticDecoder:
         self.slot = torch.zeros(1, dtype=torch.long, device=dev)  # cache slot the next step writes
         self.step = torch.zeros(1, dtype=torch.long, device=dev)  # output column the next token goes to
         self.inv_temp = torch.ones(1, dtype=torch.float32, device=dev)
-        self.noise_seed = torch.zeros(1, dtype=torch.long, device=dev)  # Philox key of the fused sampler
+        self.keys = torch.zeros(rows, dtype=torch.long, device=dev)  # [R] response key of each row's noise
         if self.fused is not None:  # the model's rotary embedding at every cache position, read by position
             cos, sin = self.backbone.rotary_emb(self.weight.new_empty(1, cap, 1), self.arange[None])  # [1, C, D]
             self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()  # [C, D]
@@ -180,18 +228,20 @@ class StaticDecoder:
     def _emit(self, hidden, B: int, greedy: bool):
         """Sample from the last hidden state and record the token; rows already stopped emit pad."""
         logits = self.model.lm_head(hidden)  # [B, V]
-        if self.fused is not None:  # one pass over the logits instead of several float32 copies
+        if self.fused is not None or (self.keyed and logits.is_cuda):  # one pass over the logits, keyed noise
             from .kernels import sample
 
             tok, lp = sample(
                 logits,
                 self.inv_temp,
-                self.noise_seed,
+                self.keys,
                 self.step,
                 greedy,
                 logits.new_empty(B, dtype=torch.long),
                 logits.new_empty(B, dtype=torch.float32),
             )
+        elif self.keyed:  # on the host, where reading the step costs no device wait
+            tok, lp = keyed_sample_tokens(logits, self.inv_temp, self.keys, int(self.step), greedy)  # [B], [B]
         else:
             tok, lp = sample_tokens(logits, self.inv_temp, greedy)  # [B], [B]
         done = self.done[:B]
@@ -283,9 +333,21 @@ class StaticDecoder:
         self.graphs[(B, kv_len, greedy)] = graph
 
     @torch.no_grad()
-    def run(self, ids, mask, n_real: int, max_new_tokens: int, temperature: float, seed: int, ignore_eos: bool):
+    def run(
+        self,
+        ids,
+        mask,
+        n_real: int,
+        max_new_tokens: int,
+        temperature: float,
+        seed: int,
+        ignore_eos: bool,
+        keys: torch.Tensor | None = None,
+    ):
         """Decode left-padded prompts ids/mask [B, P] (rows past n_real are padding) -> tokens, log-probs.
 
+        keys: [n_real] int64 response keys, which fix a keyed sampler's noise (``seed`` then goes unused);
+        an unkeyed sampler draws from torch's stream seeded by ``seed``.
         Returns CPU tensors [n_real, steps]; after a row's stop token its entries are pad and 0.
         """
         B, P = ids.shape
@@ -299,9 +361,14 @@ class StaticDecoder:
             self.stop.fill_(-1)
         else:
             self.stop.copy_(torch.tensor(self.stop_list))
-        torch.manual_seed(seed)
-        if self.fused is not None:  # the fused sampler's noise, fixed by seed (other paths use torch's stream)
-            self.noise_seed.fill_(int(torch.randint(0, 2**62, (1,))))
+        if self.keyed:
+            if keys is None and not greedy:
+                raise ValueError("a keyed sampler needs each response's key (response_keys)")
+            self.keys[:B].zero_()
+            if keys is not None:
+                self.keys[:n_real].copy_(keys)
+        else:
+            torch.manual_seed(seed)
 
         # prefill: the whole prompt, in row chunks that bound the float32 [rows, heads, P, P] attention
         # scores (and their softmax copies) to prefill_bytes; short prompts take one chunk, so the
@@ -369,7 +436,7 @@ class StaticDecoder:
         self._store_rows(origin, width, tokens, logprobs, cols)
         keep = live.nonzero()[:, 0]  # [n_live]
         sel = torch.cat([keep, keep.new_zeros(narrower - keep.numel())])  # [narrower]
-        for t in (self.tok, self.pos, self.done, self.valid, self.out_tok, self.out_lp):
+        for t in (self.tok, self.pos, self.done, self.valid, self.out_tok, self.out_lp, self.keys):
             t[:narrower] = t.index_select(0, sel)
         for layer in range(self.kv.shape[0]):  # one layer at a time bounds the temporary copy
             self.kv[layer, :, :narrower] = self.kv[layer].index_select(1, sel)
@@ -466,6 +533,36 @@ class _LogprobRecorder(LogitsProcessor):
         return torch.stack(self.out, 1)
 
 
+class _KeyedSampler(LogitsProcessor):
+    """Samples inside ``generate`` (run greedy) with keyed noise: it draws each row's token from its response
+    key and the token position (``keyed_sample_tokens``, or the Philox kernel on CUDA) and leaves only that
+    token possible. Runs after generate's own processors and after ``_LogprobRecorder``."""
+
+    def __init__(self, keys: torch.Tensor, temperature: float, prompt_width: int):
+        self.keys, self.prompt_width = keys, prompt_width
+        self.inv_temperature = torch.tensor([1.0 / temperature], device=keys.device)
+
+    def __call__(self, input_ids, scores):
+        step = input_ids.shape[1] - self.prompt_width
+        if scores.is_cuda:
+            from .kernels import sample
+
+            rows = scores.shape[0]
+            tok = scores.new_empty(rows, dtype=torch.long)
+            sample(
+                scores.contiguous(),
+                self.inv_temperature,
+                self.keys,
+                self.keys.new_tensor([step]),
+                False,
+                tok,
+                scores.new_empty(rows, dtype=torch.float32),
+            )
+        else:
+            tok, _ = keyed_sample_tokens(scores, self.inv_temperature, self.keys, step, greedy=False)
+        return torch.full_like(scores, float("-inf")).scatter_(1, tok[:, None], 0.0)
+
+
 @contextmanager
 def _seeded(seed: int, device: torch.device):
     """Seed torch for one call without disturbing the caller's random state."""
@@ -489,6 +586,8 @@ class HFEngine(RolloutEngine):
     Responses are sampled from the same distributions, but rows draw different noise than without
     it, so seeded samples differ from the uncompacted paths.
     return_logprobs: defaults to True on CUDA and False on CPU, where generate's recorder costs time.
+    keyed_sampling: every path draws a response's noise from its key (``response_keys``: seed, prompt
+    position, sample index) and the token position, never from its row; the fused path always does.
     """
 
     def __init__(
@@ -500,6 +599,7 @@ class HFEngine(RolloutEngine):
         fast="auto",
         return_logprobs: bool | None = None,
         compact: bool | None = None,
+        keyed_sampling: bool = False,
     ):
         device = torch.device(device) if device is not None else next(model.parameters()).device
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -511,6 +611,7 @@ class HFEngine(RolloutEngine):
         self.model = engine_model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
         self.device, self.max_batch_size = device, max_batch_size
+        self.keyed_sampling = keyed_sampling
         self.return_logprobs = device.type == "cuda" if return_logprobs is None else return_logprobs
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         eos = self.model.generation_config.eos_token_id if self.model.generation_config is not None else None
@@ -531,6 +632,7 @@ class HFEngine(RolloutEngine):
                     use_graphs=device.type == "cuda",
                     fused=fused,
                     compact=fused if compact is None else compact,
+                    keyed=keyed_sampling,
                 )
                 break
             except (ValueError, ImportError) as e:
@@ -575,23 +677,27 @@ class HFEngine(RolloutEngine):
             return n
         return min(self.max_batch_size, 1 << (n - 1).bit_length())
 
-    def _eager_chunk(self, rows, max_new_tokens, temperature, ignore_eos):
+    def _eager_chunk(self, rows, max_new_tokens, temperature, ignore_eos, keys=None):
         ids, mask = self._pad(rows, len(rows))
+        keyed = keys is not None and temperature > 0  # keyed noise: generate runs greedy over the keyed choice
         kwargs = dict(
             max_new_tokens=max_new_tokens,
-            do_sample=temperature > 0,
+            do_sample=temperature > 0 and not keyed,
             eos_token_id=sorted(self.stop_ids),
             pad_token_id=self.pad_id,
         )
-        if temperature > 0:
+        if temperature > 0 and not keyed:
             kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
         if ignore_eos:
             kwargs["min_new_tokens"] = max_new_tokens
-        recorder = _LogprobRecorder(temperature) if self.return_logprobs else None
+        processors = [_LogprobRecorder(temperature)] if self.return_logprobs else []
+        if keyed:
+            processors.append(_KeyedSampler(keys.to(self.device), temperature, ids.shape[1]))
+        recorder = processors[0] if self.return_logprobs else None
         out = self.model.generate(
             input_ids=ids,
             attention_mask=mask.long(),
-            logits_processor=LogitsProcessorList([recorder] if recorder else []),
+            logits_processor=LogitsProcessorList(processors),
             **kwargs,
         )
         response = out[:, ids.shape[1] :]  # [B, steps]; finished rows are padded with pad (== EOS for SmolLM2)
@@ -606,18 +712,21 @@ class HFEngine(RolloutEngine):
         if max_new_tokens < 1 or temperature < 0:
             raise ValueError(f"need max_new_tokens >= 1 and temperature >= 0, got {max_new_tokens}, {temperature}")
         rows, prompt_index = repeat_prompts(prompt_ids, n)
+        keyed = self.keyed_sampling or (self.fast and self.decoder.keyed)
+        keys = response_keys(seed, len(prompt_ids), n) if keyed else None  # [N]
         token_ids, finish, logprobs = [], [], [] if self.return_logprobs else None
-        with _seeded(seed, self.device):
+        with _seeded(seed, self.device), without_deterministic_algorithms():
             for c, start in enumerate(range(0, len(rows), self.max_batch_size)):
                 chunk = rows[start : start + self.max_batch_size]
+                chunk_keys = keys[start : start + len(chunk)] if keyed else None
                 if self.fast:
                     ids, mask = self._pad(chunk, self._bucket(len(chunk)))
                     tokens, lps = self.decoder.run(
-                        ids, mask, len(chunk), max_new_tokens, temperature, seed + 7919 * c, ignore_eos
+                        ids, mask, len(chunk), max_new_tokens, temperature, seed + 7919 * c, ignore_eos, chunk_keys
                     )
                 else:
                     torch.manual_seed(seed + 7919 * c)
-                    tokens, lps = self._eager_chunk(chunk, max_new_tokens, temperature, ignore_eos)
+                    tokens, lps = self._eager_chunk(chunk, max_new_tokens, temperature, ignore_eos, chunk_keys)
                 for i, row in enumerate(tokens.tolist()):
                     kept, reason = cut_at_stop(row, self.stop_ids)
                     token_ids.append(kept)

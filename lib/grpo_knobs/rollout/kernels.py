@@ -319,7 +319,7 @@ def _race_tile(row_ptr, start, j, inv_t, u, m, s, key, idx, z, V: tl.constexpr, 
 def _sample_partial_kernel(
     logits_ptr,
     inv_temp_ptr,
-    seed_ptr,
+    keys_ptr,
     step_ptr,
     part_ptr,
     part_idx_ptr,
@@ -342,8 +342,11 @@ def _sample_partial_kernel(
         u2 = u0
         u3 = u0
     else:
-        seed = tl.load(seed_ptr) + tl.load(step_ptr)  # a fresh Philox key per step, read from device memory
-        u0, u1, u2, u3 = tl.rand4x(seed, (row * N_BLOCKS + blk) * QUARTER + j)
+        # Philox keyed by the row's own response key; the counter is (column group, token position).
+        # So a draw depends on (response, position, column) alone, never on the row's place in the batch.
+        philox_key = tl.load(keys_ptr + row)
+        step = tl.load(step_ptr)
+        u0, u1, u2, u3 = tl.rand4x(philox_key, (step << 32) + blk * QUARTER + j)
     row_ptr = logits_ptr + row * stride_row
     first = blk * 4 * QUARTER
     m = tl.full([QUARTER], -3.0e38, tl.float32)
@@ -387,7 +390,7 @@ def _sample_combine_kernel(part_ptr, part_idx_ptr, tok_ptr, lp_ptr, N_BLOCKS: tl
 def sample(
     logits: torch.Tensor,
     inv_temperature: torch.Tensor,
-    seed: torch.Tensor,
+    keys: torch.Tensor,
     step: torch.Tensor,
     greedy: bool,
     tokens: torch.Tensor,
@@ -396,15 +399,17 @@ def sample(
 ):
     """One token per row from softmax(logits * inv_temperature), and its log-prob, in one pass over the logits.
 
-    logits: [B, V] (any float dtype; read once, math in float32); inv_temperature, seed, step: [1] on the
+    logits: [B, V] (any float dtype; read once, math in float32); keys: [>= B] int64, one Philox key per
+    row (``hf.response_keys``: a response's identity, not its row); inv_temperature, step: [1] on the
     device (read by the kernels, so a captured graph replays with new values); tokens: [B] long,
-    logprobs: [B] float32 outputs. The draw is Gumbel-max with Philox noise keyed by seed + step: the same
-    distribution as ``hf.sample_tokens``, from a different random stream. Greedy takes argmax(z) and
-    reports log-probs at the given temperature (the decoder sets it to 1). Two launches: each row is raced
-    in blocks of ``block`` columns by separate programs, then their partial results are combined.
+    logprobs: [B] float32 outputs. The draw is Gumbel-max with Philox noise at counter (column, step)
+    under the row's key: the same distribution as ``hf.sample_tokens``, from a different random stream
+    (fixed by the key, the step and ``block``). Greedy takes argmax(z) and reports
+    log-probs at the given temperature (the decoder sets it to 1). Two launches: each row is raced in
+    blocks of ``block`` columns by separate programs, then their partial results are combined.
     """
     B, V = logits.shape
-    assert logits.stride(-1) == 1
+    assert logits.stride(-1) == 1 and keys.dtype == torch.int64
     if block is None:  # the interpreter's cost is per operation, not per element: one block per row there
         block = triton.next_power_of_2(V) if os.environ.get("TRITON_INTERPRET") == "1" else 2048
     quarter = max(min(block, triton.next_power_of_2(V)) // 4, 1)
@@ -416,7 +421,7 @@ def sample(
     _sample_partial_kernel[(B, n_blocks)](
         logits,
         inv_temperature,
-        seed,
+        keys,
         step,
         part,
         part_idx,

@@ -164,7 +164,7 @@ def engine_options(cfg) -> dict:
         max_running_requests=cfg.max_concurrent_sequences,
         base_gpu_id=cfg.sglang_base_gpu_id,
         random_seed=cfg.seed,
-        deterministic=cfg.sglang_deterministic,
+        deterministic=cfg.sglang_deterministic_resolved,
         extra_args=split_server_args(cfg.sglang_server_args),
         python=cfg.sglang_python,
     )

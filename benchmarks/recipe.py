@@ -1,0 +1,145 @@
+"""The batch-256 recipe's phase times, several settings side by side in one run.
+
+Each arm is one `grpo-knobs train` of the recipe (64/8/256/2, LR 2e-5, 256-token cap, 16,384 responses,
+countdown-2x10) in a fresh process, as a study runs it, with the arm's overrides. The table gives each
+phase's seconds per arm and its ratio to the first arm, then what each run learned (so a faster setting
+is seen to learn within the same spread). ``--compare A,B`` runs ``grpo-knobs compare-runs`` on two
+arms; ``--archive`` adds each run's records (not its checkpoint) to a tar file as soon as it finishes.
+
+    python -m benchmarks.recipe --out runs/recipe --arm det-s1:deterministic=true,seed=1 \\
+        --arm default-s1:seed=1 --compare det-s1,default-s1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+RECIPE = {
+    "task": "countdown-2x10",
+    "rollout_batch_size": 64,
+    "n_samples_per_prompt": 8,
+    "global_batch_size": 256,
+    "lr": 2e-5,
+    "max_new_tokens": 256,
+    "response_budget": 16384,
+    "eval_every_responses": 2048,
+    "resume_every_collections": 32,
+}
+PHASES = ("generation", "trainer", "init", "evaluation", "checkpoint", "sync", "other", "job")
+RECORDS = ("config.json", "collections.jsonl", "evals.parquet", "samples.jsonl.gz", "timings.json", "state.json")
+
+
+def parse_arm(text: str) -> tuple[str, dict[str, str]]:
+    """``name:key=value,key=value`` -> (name, overrides)."""
+    name, _, rest = text.partition(":")
+    pairs = [p for p in rest.split(",") if p]
+    bad = [p for p in pairs if "=" not in p]
+    if not name or bad:
+        raise SystemExit(f"--arm {text!r}: expected NAME:key=value,key=value")
+    return name, dict(p.split("=", 1) for p in pairs)
+
+
+def run_arm(name: str, overrides: dict[str, str], out: Path, base: dict) -> dict:
+    params = {k: str(v) for k, v in base.items()} | overrides | {"output_dir": str(out), "run_id": name}
+    cmd = [sys.executable, "-m", "grpo_knobs.cli", "train", "--no-progress"]
+    cmd += [a for k, v in params.items() for a in ("-p", f"{k}={v}")]
+    start = time.perf_counter()
+    with open(out / f"{name}.log", "w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+    wall = time.perf_counter() - start
+    run = out / name
+    row = {"arm": name, "overrides": overrides, "returncode": proc.returncode, "process_seconds": wall}
+    if proc.returncode == 0:
+        row["timings"] = json.loads((run / "timings.json").read_text())
+        row["learning"] = learning(run)
+    print(
+        f"{name}: exit {proc.returncode}, {wall:.1f} s"
+        + (f", job {row['timings']['job']:.1f} s" if "timings" in row else "")
+    )
+    return row
+
+
+def learning(run: Path) -> dict:
+    """Reward over the last four collections, response tokens, final validation accuracy."""
+    import pandas as pd
+
+    rows = [json.loads(line) for line in (run / "collections.jsonl").read_text().splitlines() if line.strip()]
+    evals = pd.read_parquet(run / "evals.parquet")
+    last = evals[evals["responses"] == evals["responses"].max()]
+    return {
+        "reward_last4": sum(r["reward_mean"] for r in rows[-4:]) / len(rows[-4:]),
+        "response_tokens": rows[-1]["output_tokens_cum"],
+        "validation_final": float(last["correct"].mean()),
+    }
+
+
+def archive(run: Path, tar_path: Path) -> None:
+    """Append a run's records (never its checkpoint) to an uncompressed tar, which can grow file by file."""
+    with tarfile.open(tar_path, "a") as tar:
+        for name in RECORDS:
+            if (run / name).exists():
+                tar.add(run / name, arcname=f"{run.name}/{name}")
+        log = run.with_name(f"{run.name}.log")
+        if log.exists():
+            tar.add(log, arcname=f"{run.name}/train.log")
+
+
+def table(rows: list[dict]) -> str:
+    done = [r for r in rows if "timings" in r]
+    if not done:
+        return "no arm finished"
+    base = done[0]["timings"]
+    width = max(12, *(len(r["arm"]) for r in done))
+    lines = [f"{'phase (s)':<16}" + "".join(f"{r['arm']:>{width + 8}}" for r in done)]
+    for phase in PHASES:
+        cells = []
+        for r in done:
+            v = r["timings"][phase]
+            ratio = f" ({v / base[phase]:.2f}x)" if base[phase] > 0 and r is not done[0] else ""
+            cells.append(f"{v:.1f}{ratio}".rjust(width + 8))
+        lines.append(f"{phase:<16}" + "".join(cells))
+    for key, fmt in (("reward_last4", "{:.3f}"), ("validation_final", "{:.0%}"), ("response_tokens", "{:,}")):
+        lines.append(f"{key:<16}" + "".join(fmt.format(r["learning"][key]).rjust(width + 8) for r in done))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True, help="Study directory the runs are written to.")
+    p.add_argument("--arm", action="append", required=True, metavar="NAME:key=value,...")
+    p.add_argument("--base", action="append", default=[], metavar="KEY=VALUE", help="Change the recipe for every arm.")
+    p.add_argument("--compare", action="append", default=[], metavar="A,B", help="compare-runs on two arms.")
+    p.add_argument("--archive", type=Path, default=None, help="tar file each finished run's records are added to.")
+    p.add_argument("--json", type=Path, default=None, help="Write the rows as JSON.")
+    a = p.parse_args(argv)
+    base = RECIPE | dict(kv.split("=", 1) for kv in a.base)
+    arms = [parse_arm(x) for x in a.arm]
+    a.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name, overrides in arms:
+        rows.append(run_arm(name, overrides, a.out, base))
+        if a.archive:
+            archive(a.out / name, a.archive)
+        if a.json:
+            a.json.write_text(json.dumps(rows, indent=2) + "\n")
+    print(table(rows))
+    for pair in a.compare:
+        x, y = pair.split(",")
+        proc = subprocess.run(
+            [sys.executable, "-m", "grpo_knobs.cli", "compare-runs", str(a.out / x), str(a.out / y)],
+            capture_output=True,
+            text=True,
+        )
+        print(f"\ncompare-runs {x} {y} (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}", end="")
+    return 0 if all(r["returncode"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
