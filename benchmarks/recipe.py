@@ -33,7 +33,15 @@ RECIPE = {
     "resume_every_collections": 32,
 }
 PHASES = ("generation", "trainer", "init", "evaluation", "checkpoint", "sync", "other", "job")
-RECORDS = ("config.json", "collections.jsonl", "evals.parquet", "samples.jsonl.gz", "timings.json", "state.json")
+RECORDS = (
+    "config.json",
+    "collections.jsonl",
+    "evals.parquet",
+    "samples.jsonl.gz",
+    "timings.json",
+    "state.json",
+    "digest.json",
+)
 
 
 def parse_arm(text: str) -> tuple[str, dict[str, str]]:
