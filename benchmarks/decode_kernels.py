@@ -3,9 +3,10 @@
 A decode step is a few hundred short kernels, so each one's distance from its memory floor says where a
 step's time goes. Every kernel runs through its launch wrapper in kernels.py with the decoder's shapes
 (batch rows, the model's heads and widths), `--reps` launches captured in one CUDA graph as the decoder
-runs them; the layer GEMMs are timed the same way. Decode attention is also swept over launch shapes
-(cache block, warps, pipeline stages) at several cache lengths: its default is the best of this sweep on
-an H200. On CPU the kernels run in Triton's interpreter and the times only show that the code runs.
+runs them; the layer GEMMs are timed the same way. Decode attention (with its rotary embedding and cache
+write) is also swept over launch shapes (cache block, warps, pipeline stages) at several cache lengths:
+its default is the best of this sweep on an H200. On CPU the kernels run in Triton's interpreter and the
+times only show that the code runs.
 
     python -m benchmarks.decode_kernels --batch 512 --out benchmarks/results/decode-kernels-h200.json
 """
@@ -113,15 +114,9 @@ def main(argv=None) -> list[dict]:
     )
     x, delta, h, w = t(B, H), t(B, H), t(B, H), t(H)
     report("add_rms_norm", time_us(lambda: K.add_rms_norm(x, delta, w, 1e-5, h)), 5 * B * H * el)
-    qkv, q = t(B, (n_q + 2 * n_kv) * D), t(B, n_q, D)
+    qkv = t(B, (n_q + 2 * n_kv) * D)
     cos, sin = t(C, D), t(C, D)
     kv = t(2, B, n_kv, C, D)
-    pos, slot = torch.full((B,), 7, device=device), torch.tensor([7], device=device)
-    report(
-        "rotary_cache_write",
-        time_us(lambda: K.rotary_cache_write(qkv, cos, sin, pos, q, kv[0], kv[1], slot)),
-        2 * B * (n_q + 2 * n_kv) * D * el,
-    )
     gate_up, act = t(B, 2 * I), t(B, I)
     report("silu_mul", time_us(lambda: K.silu_mul(gate_up, act)), 3 * B * I * el)
     logits = t(B, V)
@@ -150,29 +145,24 @@ def main(argv=None) -> list[dict]:
 
     valid = torch.ones(B, C, dtype=torch.bool, device=device)
     out = t(B, n_q * D)
+    pos0, zero_step = torch.zeros(B, dtype=torch.long, device=device), torch.zeros(1, dtype=torch.long, device=device)
     blocks, warps, stages = ([int(v) for v in part.split(",")] for part in args.sweep.split(":"))
     for kv_len in kv_lens:
-        nbytes = 2 * B * n_kv * kv_len * D * el
-        default = time_us(lambda: K.decode_attention(q, kv[0], kv[1], valid, kv_len, 0.125, out))
-        report(f"decode_attention kv_len {kv_len}", default, nbytes, kv_len=kv_len, launch="default")
+        # the token sits in the bucket's last slot, so it attends to the whole bucket: a prompt of kv_len - 1
+        slot0 = torch.tensor([kv_len - 1], device=device)
+        nbytes = 2 * B * n_kv * kv_len * D * el + B * (n_q + 2 * n_kv) * D * el + B * n_q * D * el
+
+        def attend(**launch):
+            args_ = (qkv, cos, sin, pos0, slot0, zero_step, kv[0], kv[1], valid, kv_len, 0.125, out)
+            return K.rotary_attention(*args_, **launch)
+
+        default = time_us(attend)
+        report(f"rotary_attention kv_len {kv_len}", default, nbytes, kv_len=kv_len, launch="default")
         sweep = []
         for block_k, num_warps, num_stages in itertools.product(blocks, warps, stages):
             if block_k > kv_len:
                 continue
-            us = time_us(
-                lambda: K.decode_attention(
-                    q,
-                    kv[0],
-                    kv[1],
-                    valid,
-                    kv_len,
-                    0.125,
-                    out,
-                    block_k=block_k,
-                    num_warps=num_warps,
-                    num_stages=num_stages,
-                )
-            )
+            us = time_us(lambda: attend(block_k=block_k, num_warps=num_warps, num_stages=num_stages))
             sweep.append({"block_k": block_k, "num_warps": num_warps, "num_stages": num_stages, "us_per_launch": us})
         sweep.sort(key=lambda r: r["us_per_launch"])
         rows[-1]["sweep"] = sweep

@@ -28,10 +28,10 @@ KINDS = [  # first match wins; kernel names are lower-cased
         "fused (Triton)",
         (
             "_add_rms_norm_kernel",
-            "_rotary_cache_kernel",
-            "_decode_attention_kernel",
+            "_rotary_attention_kernel",
             "_silu_mul_kernel",
-            "_sample_kernel",
+            "_sample_partial_kernel",
+            "_sample_combine_kernel",
         ),
     ),
     ("gemm", ("gemm", "cutlass", "nvjet", "sm90_", "cublas", "gemv", "aten::mm", "aten::addmm", "aten::bmm")),

@@ -32,41 +32,63 @@ def test_add_rms_norm(with_delta):
     torch.testing.assert_close(out, stream * torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + 1e-5) * w)
 
 
-def test_rotary_cache_write_touches_only_its_slot_and_rows():
-    g = torch.Generator(DEVICE).manual_seed(1)
-    B, n_q, n_kv, D, C = 3, 4, 2, 16, 10
+def test_embed_rms_norm_gathers_then_normalises():
+    g = torch.Generator(DEVICE).manual_seed(0)
+    emb, w = torch.randn(11, 40, generator=g), torch.randn(40, generator=g)
+    tokens = torch.tensor([3, 10, 0, 3])
+    x, out = torch.empty(3, 40), torch.empty(3, 40)
+    K.embed_rms_norm(tokens, emb, w, 1e-5, x, out)
+    torch.testing.assert_close(x, emb[tokens[:3]])
+    torch.testing.assert_close(out, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w)
+
+
+@pytest.mark.parametrize("kv_len", [32, 64])
+def test_rotary_attention_writes_its_slot_and_attends_prompt_decodes_and_itself(kv_len):
+    """One fused launch against plain torch: rotary at each row's position, k and v written to cache slot
+    slot0 + step only, then grouped-query softmax over real prompt slots, earlier decoded slots and the
+    token itself."""
+    g = torch.Generator(DEVICE).manual_seed(2)
+    B, n_q, n_kv, D, C = 3, 6, 2, 32, 70  # 3 query heads per KV head (padded to 16 rows in the kernel)
+    P, step = 9, 6  # prompt slots 0..8; decoded tokens in slots 9..13; this token goes to slot 14
+    slot = P - 1 + step
     qkv = torch.randn(B, (n_q + 2 * n_kv) * D, generator=g)
     cos_table, sin_table = torch.randn(C, D, generator=g), torch.randn(C, D, generator=g)  # [positions, D]
-    pos = torch.tensor([4, 0, 9, 2])  # [rows]: each row's own position (the 4th row is not decoded)
-    cos, sin = cos_table[pos[:B]], sin_table[pos[:B]]  # [B, D]
-    kv = torch.zeros(2, 5, n_kv, C, D)  # [k|v, rows, Hkv, C, D]: 5 rows, 3 in use
-    q_out = torch.empty(B, n_q, D)
-    K.rotary_cache_write(qkv, cos_table, sin_table, pos, q_out, kv[0], kv[1], torch.tensor([7]))
+    pos0 = torch.tensor([2, 0, 7, 5])  # [rows]: 4 rows, 3 decoded
+    kv = torch.randn(2, 4, n_kv, C, D, generator=g)  # [k|v, rows, Hkv, C, D]
+    before = kv.clone()
+    valid = torch.rand(4, C, generator=g) > 0.3  # [rows, C]: only the prompt part is read
+    out = torch.empty(B, n_q * D)
+    K.rotary_attention(
+        qkv,
+        cos_table,
+        sin_table,
+        pos0,
+        torch.tensor([P - 1]),
+        torch.tensor([step]),
+        kv[0],
+        kv[1],
+        valid,
+        kv_len,
+        0.25,
+        out,
+        block_k=16,
+    )
+    pos = pos0[:B] + step
+    cos, sin = cos_table[pos][:, None], sin_table[pos][:, None]  # [B, 1, D]
     q, k, v = qkv.split([n_q * D, n_kv * D, n_kv * D], -1)
     q, k, v = q.view(B, n_q, D), k.view(B, n_kv, D), v.view(B, n_kv, D)
-    torch.testing.assert_close(q_out, q * cos[:, None] + rotate_half(q) * sin[:, None])
-    torch.testing.assert_close(kv[0, :B, :, 7], k * cos[:, None] + rotate_half(k) * sin[:, None])
-    torch.testing.assert_close(kv[1, :B, :, 7], v)
-    written = torch.zeros_like(kv, dtype=torch.bool)
-    written[:, :B, :, 7] = True
-    assert not kv[~written].any()
-
-
-@pytest.mark.parametrize("kv_len", [1, 33, 67])
-def test_decode_attention_matches_grouped_softmax(kv_len):
-    g = torch.Generator(DEVICE).manual_seed(2)
-    B, n_q, n_kv, D, C = 3, 6, 2, 16, 70  # 3 query heads per KV head (padded to 4 in the kernel)
-    kv = torch.randn(2, 5, n_kv, C, D, generator=g)
-    valid = torch.rand(5, C, generator=g) > 0.3  # [rows, C]
-    valid[:, 0] = True  # every row attends to at least one slot
-    q = torch.randn(B, n_q, D, generator=g)
-    out = torch.empty(B, n_q * D)
-    K.decode_attention(q, kv[0], kv[1], valid, kv_len, 0.25, out, block_k=16)
-    k = kv[0, :B, :, :kv_len].repeat_interleave(n_q // n_kv, 1)  # [B, Hq, K, D]
-    v = kv[1, :B, :, :kv_len].repeat_interleave(n_q // n_kv, 1)
-    scores = torch.einsum("bhd,bhkd->bhk", q, k) * 0.25
-    p = scores.masked_fill(~valid[:B, None, :kv_len], float("-inf")).softmax(-1)  # [B, Hq, K]
-    torch.testing.assert_close(out, torch.einsum("bhk,bhkd->bhd", p, v).reshape(B, -1))
+    q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    torch.testing.assert_close(kv[0, :B, :, slot], k)
+    torch.testing.assert_close(kv[1, :B, :, slot], v)
+    changed = (kv != before).any(-1)  # [2, rows, Hkv, C]
+    assert not changed[:, B:].any() and not changed[..., :slot].any() and not changed[..., slot + 1 :].any()
+    keys = torch.arange(C)
+    seen = torch.where(keys < P, valid, keys <= slot)[:B, :kv_len]  # [B, K]: this token's slot included
+    kk = kv[0, :B, :, :kv_len].repeat_interleave(n_q // n_kv, 1)  # [B, Hq, K, D]
+    vv = kv[1, :B, :, :kv_len].repeat_interleave(n_q // n_kv, 1)
+    scores = torch.einsum("bhd,bhkd->bhk", q, kk) * 0.25
+    p = scores.masked_fill(~seen[:, None], float("-inf")).softmax(-1)  # [B, Hq, K]
+    torch.testing.assert_close(out, torch.einsum("bhk,bhkd->bhd", p, vv).reshape(B, -1))
 
 
 def test_silu_mul():
@@ -87,6 +109,35 @@ def test_sample_greedy_is_argmax_with_log_softmax():
     K.sample(logits, one, torch.zeros(5, dtype=torch.long), zero, True, tok, lp, block=128)  # 3 blocks, 1 partial
     assert torch.equal(tok, logits.argmax(-1)) and tok[:2].tolist() == [40, 3]
     torch.testing.assert_close(lp, logits.log_softmax(-1).gather(-1, tok[:, None])[:, 0])
+
+
+def test_sample_and_record_keeps_the_decoders_books():
+    """Stopped rows emit pad with log-prob 0; tokens land in column `step`; a stop token ends its row."""
+    logits = torch.full((4, 50), -5.0)
+    logits[torch.arange(4), torch.tensor([7, 2, 9, 2])] = 5.0  # greedy picks 7, 2 (a stop id), 9, 2
+    done = torch.tensor([False, False, False, True])
+    tok, lp = torch.zeros(4, dtype=torch.long), torch.empty(4)
+    out_tok, out_lp = torch.full((4, 6), -1, dtype=torch.long), torch.full((4, 6), -1.0)
+    stop = torch.tensor([2, 0])  # two stop ids
+    K.sample_and_record(
+        logits,
+        torch.ones(1),
+        torch.zeros(4, dtype=torch.long),
+        torch.tensor([3]),
+        True,
+        tok,
+        lp,
+        done,
+        stop,
+        1,
+        out_tok,
+        out_lp,
+    )
+    assert tok.tolist() == [7, 2, 9, 1] and out_tok[:, 3].tolist() == [7, 2, 9, 1]
+    assert done.tolist() == [False, True, False, True]
+    expected = logits.log_softmax(-1)[torch.arange(4), torch.tensor([7, 2, 9, 2])]
+    torch.testing.assert_close(out_lp[:3, 3], expected[:3])
+    assert out_lp[3, 3] == 0.0 and (out_tok[:, [0, 1, 2, 4, 5]] == -1).all()
 
 
 def test_sample_draws_from_softmax_at_temperature():

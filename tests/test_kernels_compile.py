@@ -41,8 +41,8 @@ SCRIPT = textwrap.dedent("""
         def __getitem__(self, grid):
             return lambda *args, **kw: launches.append((self.fn, args, kw))
 
-    for name in ("_add_rms_norm_kernel", "_rotary_cache_kernel", "_decode_attention_kernel", "_silu_mul_kernel",
-                 "_sample_partial_kernel", "_sample_combine_kernel"):
+    for name in ("_add_rms_norm_kernel", "_rotary_attention_kernel", "_silu_mul_kernel", "_sample_partial_kernel",
+                 "_sample_combine_kernel"):
         setattr(K, name, Recorder(getattr(K, name)))
 
     m = json.loads(sys.argv[1])
@@ -50,18 +50,19 @@ SCRIPT = textwrap.dedent("""
     bf16 = lambda *shape: torch.zeros(*shape, dtype=torch.bfloat16)  # noqa: E731
     long1 = torch.zeros(1, dtype=torch.long)
     x = bf16(B, H)
-    K.add_rms_norm(x, None, bf16(H), 1e-5, bf16(B, H))
+    K.embed_rms_norm(torch.zeros(B, dtype=torch.long), bf16(V, H), bf16(H), 1e-5, x, bf16(B, H))
     K.add_rms_norm(x, bf16(B, H), bf16(H), 1e-5, bf16(B, H))
     kv = bf16(2, B, n_kv, C, D)
-    K.rotary_cache_write(bf16(B, (n_q + 2 * n_kv) * D), bf16(C, D), bf16(C, D), torch.zeros(B, dtype=torch.long),
-                         bf16(B, n_q, D), kv[0], kv[1], long1)
     for kv_len in (64, C):
-        K.decode_attention(bf16(B, n_q, D), kv[0], kv[1], torch.ones(B, C, dtype=torch.bool), kv_len, 0.125,
+        K.rotary_attention(bf16(B, (n_q + 2 * n_kv) * D), bf16(C, D), bf16(C, D), torch.zeros(B, dtype=torch.long),
+                           long1, long1, kv[0], kv[1], torch.ones(B, C, dtype=torch.bool), kv_len, 0.125,
                            bf16(B, n_q * D))
     K.silu_mul(bf16(B, 2 * I), bf16(B, I))
+    keys, tok, lp = torch.zeros(B, dtype=torch.long), torch.zeros(B, dtype=torch.long), torch.zeros(B)
     for greedy in (False, True):
-        keys = torch.zeros(B, dtype=torch.long)
-        K.sample(bf16(B, V), torch.ones(1), keys, long1, greedy, torch.zeros(B, dtype=torch.long), torch.zeros(B))
+        K.sample(bf16(B, V), torch.ones(1), keys, long1, greedy, tok, lp)
+    K.sample_and_record(bf16(B, V), torch.ones(1), keys, long1, False, tok, lp, torch.zeros(B, dtype=torch.bool),
+                        torch.zeros(2, dtype=torch.long), 2, torch.zeros(B, C, dtype=torch.long), torch.zeros(B, C))
 
     TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int64: "*i64", torch.int32: "*i32",
              torch.bool: "*i1"}
@@ -97,10 +98,9 @@ def test_fused_kernels_compile_for_sm90(model):
         for name in (
             "_add_rms_norm_kernel",
             "_add_rms_norm_kernel",
-            "_rotary_cache_kernel",
-            "_decode_attention_kernel",
-            "_decode_attention_kernel",
+            "_rotary_attention_kernel",
+            "_rotary_attention_kernel",
             "_silu_mul_kernel",
         )
-        + ("_sample_partial_kernel", "_sample_combine_kernel") * 2
+        + ("_sample_partial_kernel", "_sample_combine_kernel") * 3
     ]

@@ -132,7 +132,10 @@ class StaticDecoder:
         self.groups = self.n_heads // self.n_kv
         self.weight = model.get_input_embeddings().weight
         self.stop_list = sorted(stop_ids)
-        self.stop = torch.tensor(self.stop_list, device=self.weight.device)  # [S]
+        # [S] padded to a power of two by repeating an id (the fused bookkeeping reads it as one tile)
+        width = 1 << max(len(self.stop_list) - 1, 0).bit_length()
+        self.stop_padded = self.stop_list + self.stop_list[:1] * (width - len(self.stop_list))
+        self.stop = torch.tensor(self.stop_padded, device=self.weight.device)  # [S]
         self.pad_id = pad_id
         self.use_graphs, self.block, self.prefill_bytes = use_graphs, block, prefill_bytes
         self.graphs, self.pool, self.capture_stream = {}, None, None
@@ -171,6 +174,9 @@ class StaticDecoder:
         self.arange = torch.arange(cap, device=dev)  # [C]
         self.tok = torch.zeros(rows, dtype=torch.long, device=dev)  # [R] token fed to the next step
         self.pos = torch.zeros(rows, dtype=torch.long, device=dev)  # [R] its rotary position
+        # the fused step derives position and slot from the output column: pos0 + step and slot0 + step
+        self.pos0 = torch.zeros(rows, dtype=torch.long, device=dev)  # [R]
+        self.slot0 = torch.zeros(1, dtype=torch.long, device=dev)
         self.done = torch.zeros(rows, dtype=torch.bool, device=dev)  # [R] stop token already emitted
         self.out_tok = torch.zeros(rows, cap, dtype=torch.long, device=dev)  # [R, C] sampled tokens
         self.out_lp = torch.zeros(rows, cap, dtype=torch.float32, device=dev)  # [R, C] their log-probs
@@ -228,7 +234,26 @@ class StaticDecoder:
     def _emit(self, hidden, B: int, greedy: bool):
         """Sample from the last hidden state and record the token; rows already stopped emit pad."""
         logits = self.model.lm_head(hidden)  # [B, V]
-        if self.fused is not None or (self.keyed and logits.is_cuda):  # one pass over the logits, keyed noise
+        if self.fused is not None:  # the draw and all of this bookkeeping in the sampler's two launches
+            from .kernels import sample_and_record
+
+            sample_and_record(
+                logits,
+                self.inv_temp,
+                self.keys,
+                self.step,
+                greedy,
+                self.tok,
+                logits.new_empty(B, dtype=torch.float32),
+                self.done,
+                self.stop,
+                self.pad_id,
+                self.out_tok,
+                self.out_lp,
+            )
+            self.step.add_(1)
+            return
+        if self.keyed and logits.is_cuda:  # one pass over the logits, keyed noise
             from .kernels import sample
 
             tok, lp = sample(
@@ -255,18 +280,29 @@ class StaticDecoder:
 
     def _forward_fused(self, B: int, kv_len: int):
         """One decode token for rows :B through the fused kernels (kernels.py); returns [B, H] after the final norm."""
-        from .kernels import add_rms_norm, decode_attention, rotary_cache_write, silu_mul
+        from .kernels import add_rms_norm, embed_rms_norm, rotary_attention, silu_mul
 
-        f, bb = self.fused, self.backbone
-        x = bb.embed_tokens(self.tok[:B])  # [B, H] residual stream, updated in place
+        f, E = self.fused, self.weight
+        x = E.new_empty(B, E.shape[1])  # [B, H] residual stream, updated in place
         h = torch.empty_like(x)  # [B, H] normalised input of the next block
-        add_rms_norm(x, None, f.norms[0], f.eps, h)
+        embed_rms_norm(self.tok, E, f.norms[0], f.eps, x, h)
         for i, layer in enumerate(self.layers):
             qkv = torch.nn.functional.linear(h, f.wqkv[i], f.bqkv[i])  # [B, (Hq + 2 Hkv) * D]
-            q = x.new_empty(B, self.n_heads, self.head_dim)  # [B, Hq, D]
-            rotary_cache_write(qkv, self.cos, self.sin, self.pos, q, self.kv[i, 0], self.kv[i, 1], self.slot)
             o = x.new_empty(B, self.n_heads * self.head_dim)  # [B, Hq * D]
-            decode_attention(q, self.kv[i, 0], self.kv[i, 1], self.valid, kv_len, layer.self_attn.scaling, o)
+            rotary_attention(
+                qkv,
+                self.cos,
+                self.sin,
+                self.pos0,
+                self.slot0,
+                self.step,
+                self.kv[i, 0],
+                self.kv[i, 1],
+                self.valid,
+                kv_len,
+                layer.self_attn.scaling,
+                o,
+            )
             add_rms_norm(x, layer.self_attn.o_proj(o), f.norms[2 * i + 1], f.eps, h)
             gate_up = torch.nn.functional.linear(h, f.wgu[i])  # [B, 2I]
             act = silu_mul(gate_up, x.new_empty(B, gate_up.shape[1] // 2))  # [B, I]
@@ -280,11 +316,11 @@ class StaticDecoder:
 
     def _decode(self, B: int, kv_len: int, greedy: bool):
         """One decode step for rows :B; every shape is fixed by (B, kv_len, greedy)."""
+        if self.fused is not None:  # position, slot and validity follow from the step counter alone
+            self._emit(self._forward_fused(B, kv_len), B, greedy)
+            return
         self.valid[:B].index_fill_(1, self.slot, True)
-        if self.fused is not None:
-            hidden = self._forward_fused(B, kv_len)  # [B, H]
-        else:
-            hidden = self._forward(self.tok[:B, None], self.pos[:B, None], self.slot, kv_len, 0, B)  # [B, H]
+        hidden = self._forward(self.tok[:B, None], self.pos[:B, None], self.slot, kv_len, 0, B)  # [B, H]
         self._emit(hidden, B, greedy)
         self.pos[:B].add_(1)
         self.slot.add_(1)
@@ -360,7 +396,7 @@ class StaticDecoder:
         if ignore_eos:  # no row ever finishes: exactly max_new_tokens steps
             self.stop.fill_(-1)
         else:
-            self.stop.copy_(torch.tensor(self.stop_list))
+            self.stop.copy_(torch.tensor(self.stop_padded))
         if self.keyed:
             if keys is None and not greedy:
                 raise ValueError("a keyed sampler needs each response's key (response_keys)")
@@ -388,6 +424,8 @@ class StaticDecoder:
         self._emit(hidden, B, greedy)
         self.pos[:B] = mask.sum(-1)
         self.slot.fill_(P)
+        self.pos0[:B] = self.pos[:B] - 1
+        self.slot0.fill_(P - 1)
 
         # origin[i]: the input row that decoder row i carries (-1: a filler row); outputs of rows
         # dropped by compaction are kept in tokens / logprobs, indexed by input row
@@ -436,7 +474,7 @@ class StaticDecoder:
         self._store_rows(origin, width, tokens, logprobs, cols)
         keep = live.nonzero()[:, 0]  # [n_live]
         sel = torch.cat([keep, keep.new_zeros(narrower - keep.numel())])  # [narrower]
-        for t in (self.tok, self.pos, self.done, self.valid, self.out_tok, self.out_lp, self.keys):
+        for t in (self.tok, self.pos, self.pos0, self.done, self.valid, self.out_tok, self.out_lp, self.keys):
             t[:narrower] = t.index_select(0, sel)
         for layer in range(self.kv.shape[0]):  # one layer at a time bounds the temporary copy
             self.kv[layer, :, :narrower] = self.kv[layer].index_select(1, sel)

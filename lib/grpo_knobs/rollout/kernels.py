@@ -1,19 +1,22 @@
 """Fused Triton kernels for one decode step of a llama-style layer (the static decoder's `fused` mode).
 
-A decode step of a small model is a few hundred tiny kernels; their count, not bytes moved, sets
-its time (../shared/DEVICE.md). Per layer these kernels replace the norm, rotary, cache-write,
-attention and activation chains with five launches around four GEMMs:
+A decode step of a small model is a few hundred tiny kernels; their count, not the bytes they move,
+sets its time, most of all in a collection's tail, where a few long responses keep the step going at
+a narrow width and every launch costs the same whatever the width. Per layer these kernels replace
+the norm, rotary, cache-write, attention and activation chains with four launches around four GEMMs:
 
-    add_rms_norm -> qkv GEMM -> rotary_cache_write -> decode_attention -> o GEMM
-    -> add_rms_norm -> gate_up GEMM -> silu_mul -> down GEMM
+    qkv GEMM -> rotary_attention (rotary, cache write, attention) -> o GEMM
+    -> add_rms_norm -> gate_up GEMM -> silu_mul -> down GEMM -> add_rms_norm
 
-and after the last layer, the lm_head GEMM -> sample (one pass over the logits, split across
-programs, then a small combine). Rotary cos/sin come from a per-position table built once per cache.
+The step opens with embed_rms_norm (the token's embedding row and the first norm) and closes with the
+lm_head GEMM and sample_and_record: one pass over the logits split across programs, then a combine
+that also keeps the decoder's books (pad for finished rows, the output column, the stop check).
+Rotary cos/sin come from a per-position table built once per cache.
 
-Every kernel reads its scalars (cache slot) from device memory, so one CUDA graph replays it.
-Arithmetic is float32 inside a kernel; values are rounded to the storage dtype where the
-transformers modules round them (the residual stream, the normalised hidden state, the
-activation), so the fused step tracks the modules' numerics closely.
+Every kernel reads its scalars (the step, the slot and position it implies) from device memory, so
+one CUDA graph replays it. Arithmetic is float32 inside a kernel; values are rounded to the storage
+dtype where the transformers modules round them (the residual stream, the normalised hidden state,
+q and k, the activation), so the fused step tracks the modules' numerics closely.
 
 Without CUDA the kernels run in Triton's interpreter, which is how the CPU tests check them.
 """
@@ -40,11 +43,28 @@ import triton.language as tl  # noqa: E402
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, delta_ptr, w_ptr, h_ptr, n_cols, eps, HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+def _add_rms_norm_kernel(
+    x_ptr,
+    delta_ptr,
+    w_ptr,
+    h_ptr,
+    tok_ptr,
+    emb_ptr,
+    n_cols,
+    eps,
+    HAS_DELTA: tl.constexpr,
+    GATHER: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
+    if GATHER:  # the residual stream starts as the token's embedding row
+        tok = tl.load(tok_ptr + row)
+        x = tl.load(emb_ptr + tok * n_cols + cols, mask=mask, other=0.0).to(x_ptr.dtype.element_ty)
+        tl.store(x_ptr + row * n_cols + cols, x, mask=mask)
+    else:
+        x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
     if HAS_DELTA:
         d = tl.load(delta_ptr + row * n_cols + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + d.to(tl.float32)).to(x_ptr.dtype.element_ty)  # the residual stream is stored
@@ -66,116 +86,47 @@ def add_rms_norm(
         delta if delta is not None else x,
         weight,
         out,
+        x,  # no token ids: GATHER is off
+        x,
         cols,
         eps,
         HAS_DELTA=delta is not None,
+        GATHER=False,
+        BLOCK=triton.next_power_of_2(cols),
+    )
+    return out
+
+
+def embed_rms_norm(
+    tokens: torch.Tensor, embedding: torch.Tensor, weight: torch.Tensor, eps: float, x: torch.Tensor, out: torch.Tensor
+) -> torch.Tensor:
+    """x = embedding[tokens] (the residual stream); out = RMSNorm(x) * weight: one launch for the lookup and the
+    first layer's norm. tokens: [>= B] long; embedding: [V, H]; x, out: [B, H] contiguous."""
+    rows, cols = x.shape
+    _add_rms_norm_kernel[(rows,)](
+        x,
+        x,
+        weight,
+        out,
+        tokens,
+        embedding,
+        cols,
+        eps,
+        HAS_DELTA=False,
+        GATHER=True,
         BLOCK=triton.next_power_of_2(cols),
     )
     return out
 
 
 @triton.jit
-def _rotary_cache_kernel(
+def _rotary_attention_kernel(
     qkv_ptr,
     cos_ptr,
     sin_ptr,
-    pos_ptr,
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    slot_ptr,
-    stride_row,
-    stride_head,
-    stride_slot,
-    N_Q: tl.constexpr,
-    N_KV: tl.constexpr,
-    QK_PAD: tl.constexpr,
-    KV_PAD: tl.constexpr,
-    D: tl.constexpr,
-    HALF: tl.constexpr,
-):
-    # One program per row, all heads at once: a [heads, D] tile instead of a program per head,
-    # which left each program a few dozen elements and made the launch cost most of the time.
-    b = tl.program_id(0)
-    slot = tl.load(slot_ptr)
-    pos = tl.load(pos_ptr + b)
-    src = qkv_ptr + b * (N_Q + 2 * N_KV) * D
-    half = tl.arange(0, HALF)
-    h = tl.arange(0, QK_PAD)[:, None]  # query heads 0..N_Q-1, then key heads
-    is_qk = h < N_Q + N_KV
-    # (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), cos and sin read from the table at this row's position
-    x1 = tl.load(src + h * D + half[None, :], mask=is_qk, other=0.0).to(tl.float32)  # [QK_PAD, HALF]
-    x2 = tl.load(src + h * D + HALF + half[None, :], mask=is_qk, other=0.0).to(tl.float32)
-    c1 = tl.load(cos_ptr + pos * D + half).to(tl.float32)[None, :]  # [1, HALF]
-    c2 = tl.load(cos_ptr + pos * D + HALF + half).to(tl.float32)[None, :]
-    s1 = tl.load(sin_ptr + pos * D + half).to(tl.float32)[None, :]
-    s2 = tl.load(sin_ptr + pos * D + HALF + half).to(tl.float32)[None, :]
-    o1 = x1 * c1 - x2 * s1
-    o2 = x2 * c2 + x1 * s2
-    is_q = h < N_Q
-    q_dst = q_ptr + (b * N_Q + h) * D + half[None, :]
-    tl.store(q_dst, o1.to(q_ptr.dtype.element_ty), mask=is_q)
-    tl.store(q_dst + HALF, o2.to(q_ptr.dtype.element_ty), mask=is_q)
-    is_k = (h >= N_Q) & is_qk
-    k_dst = k_ptr + b * stride_row + (h - N_Q) * stride_head + slot * stride_slot + half[None, :]
-    tl.store(k_dst, o1.to(k_ptr.dtype.element_ty), mask=is_k)
-    tl.store(k_dst + HALF, o2.to(k_ptr.dtype.element_ty), mask=is_k)
-    hv = tl.arange(0, KV_PAD)[:, None]  # value heads: copied into the cache unchanged
-    full = tl.arange(0, D)[None, :]
-    v = tl.load(src + (N_Q + N_KV + hv) * D + full, mask=hv < N_KV, other=0.0)  # [KV_PAD, D]
-    tl.store(
-        v_ptr + b * stride_row + hv * stride_head + slot * stride_slot + full,
-        v.to(v_ptr.dtype.element_ty),
-        mask=hv < N_KV,
-    )
-
-
-def rotary_cache_write(
-    qkv: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    pos: torch.Tensor,
-    q_out: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot: torch.Tensor,
-) -> torch.Tensor:
-    """Rotate q and k of one decode token and write k, v into cache slot ``slot``.
-
-    qkv: [B, (Hq + 2 Hkv) * D]; cos, sin: [positions, D] tables, read at row b's position pos[b];
-    pos: [>= B] long; q_out: [B, Hq, D]; k_cache, v_cache: [rows >= B, Hkv, C, D] with a contiguous
-    last dimension; slot: [1] long.
-    """
-    B, n_q, D = q_out.shape
-    n_kv = k_cache.shape[1]
-    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
-    assert cos.is_contiguous() and sin.is_contiguous() and cos.shape[-1] == D
-    _rotary_cache_kernel[(B,)](
-        qkv,
-        cos,
-        sin,
-        pos,
-        q_out,
-        k_cache,
-        v_cache,
-        slot,
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        N_Q=n_q,
-        N_KV=n_kv,
-        QK_PAD=triton.next_power_of_2(n_q + n_kv),
-        KV_PAD=triton.next_power_of_2(n_kv),
-        D=D,
-        HALF=D // 2,
-        num_warps=2,
-    )
-    return q_out
-
-
-@triton.jit
-def _decode_attention_kernel(
-    q_ptr,
+    pos0_ptr,
+    slot0_ptr,
+    step_ptr,
     k_ptr,
     v_ptr,
     valid_ptr,
@@ -185,36 +136,62 @@ def _decode_attention_kernel(
     stride_head,
     stride_slot,
     stride_valid,
-    n_q,
     KV_LEN: tl.constexpr,
+    N_Q: tl.constexpr,
+    N_KV: tl.constexpr,
     G: tl.constexpr,
     G_PAD: tl.constexpr,
     D: tl.constexpr,
+    HALF: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
+    # Program (b, j): row b's KV head j and the G query heads it serves. It rotates them at the row's
+    # position, writes this token's key and value into the cache, attends over the cache before it, and
+    # adds this token's own term from registers (so nothing it wrote needs to be read back).
     b = tl.program_id(0)
-    j = tl.program_id(1)  # KV head; it serves query heads j*G .. j*G + G - 1
-    g = tl.arange(0, G_PAD)
+    j = tl.program_id(1)
+    step = tl.load(step_ptr)
+    prompt_end = tl.load(slot0_ptr) + 1  # slots below hold the left-padded prompt; `valid` marks its tokens
+    slot = prompt_end - 1 + step  # this token's cache slot
+    pos = tl.load(pos0_ptr + b) + step  # its rotary position
+    half = tl.arange(0, HALF)
     d = tl.arange(0, D)
-    # The G query heads of one KV head form the rows of a [G_PAD, D] tile, padded to the 16 rows a
-    # tensor-core product needs, so both products below are tl.dot: MMA instructions with their
-    # accumulators in registers, rather than broadcast [G, K, D] products that spill.
-    q = tl.load(
-        q_ptr + (b * n_q + j * G + g[:, None]) * D + d[None, :], mask=(g < G)[:, None], other=0.0
-    )  # [G_PAD, D], storage dtype
+    c1 = tl.load(cos_ptr + pos * D + half).to(tl.float32)[None, :]  # [1, HALF]
+    c2 = tl.load(cos_ptr + pos * D + HALF + half).to(tl.float32)[None, :]
+    s1 = tl.load(sin_ptr + pos * D + half).to(tl.float32)[None, :]
+    s2 = tl.load(sin_ptr + pos * D + HALF + half).to(tl.float32)[None, :]
+    src = qkv_ptr + b * (N_Q + 2 * N_KV) * D
+    g = tl.arange(0, G_PAD)[:, None]
+    is_q = g < G
+    # (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), rounded to the storage dtype as a stored q and k are
+    x1 = tl.load(src + (j * G + g) * D + half[None, :], mask=is_q, other=0.0).to(tl.float32)  # [G_PAD, HALF]
+    x2 = tl.load(src + (j * G + g) * D + HALF + half[None, :], mask=is_q, other=0.0).to(tl.float32)
+    q1 = (x1 * c1 - x2 * s1).to(k_ptr.dtype.element_ty)
+    q2 = (x2 * c2 + x1 * s2).to(k_ptr.dtype.element_ty)
+    y1 = tl.load(src + (N_Q + j) * D + half[None, :]).to(tl.float32)  # [1, HALF]
+    y2 = tl.load(src + (N_Q + j) * D + HALF + half[None, :]).to(tl.float32)
+    k1 = (y1 * c1 - y2 * s1).to(k_ptr.dtype.element_ty)
+    k2 = (y2 * c2 + y1 * s2).to(k_ptr.dtype.element_ty)
+    v_new = tl.load(src + (N_Q + N_KV + j) * D + d).to(v_ptr.dtype.element_ty)  # [D]
+    k_base = k_ptr + b * stride_row + j * stride_head
+    v_base = v_ptr + b * stride_row + j * stride_head
+    tl.store(k_base + slot * stride_slot + half[None, :], k1)
+    tl.store(k_base + slot * stride_slot + HALF + half[None, :], k2)
+    tl.store(v_base + slot * stride_slot + d, v_new)
     m_i = tl.full([G_PAD], -1.0e30, tl.float32)  # running max (finite: a fully masked block stays harmless)
     l_i = tl.zeros([G_PAD], tl.float32)  # running softmax denominator
     acc = tl.zeros([G_PAD, D], tl.float32)
-    k_base = k_ptr + b * stride_row + j * stride_head
-    v_base = v_ptr + b * stride_row + j * stride_head
     for start in range(0, KV_LEN, BLOCK_K):
         ks = start + tl.arange(0, BLOCK_K)
         in_range = ks < KV_LEN
-        ok = (tl.load(valid_ptr + b * stride_valid + ks, mask=in_range, other=0) != 0) & in_range  # [BLOCK_K]
-        k = tl.load(k_base + ks[:, None] * stride_slot + d[None, :], mask=in_range[:, None], other=0.0)  # [BLOCK_K, D]
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [G_PAD, BLOCK_K] float32
-        s = tl.where(ok[None, :], s, float("-inf"))
+        in_prompt = ks < prompt_end
+        marked = tl.load(valid_ptr + b * stride_valid + ks, mask=in_range & in_prompt, other=0) != 0
+        ok = in_range & (ks < slot) & (marked | ~in_prompt)  # [BLOCK_K]: real prompt tokens and earlier decodes
+        ka = tl.load(k_base + ks[:, None] * stride_slot + half[None, :], mask=in_range[:, None], other=0.0)
+        kb = tl.load(k_base + ks[:, None] * stride_slot + HALF + half[None, :], mask=in_range[:, None], other=0.0)
+        s = tl.dot(q1, tl.trans(ka), input_precision=PRECISION) + tl.dot(q2, tl.trans(kb), input_precision=PRECISION)
+        s = tl.where(ok[None, :], s * scale, float("-inf"))  # [G_PAD, BLOCK_K]
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])  # [G_PAD, BLOCK_K]
@@ -222,14 +199,26 @@ def _decode_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # [G_PAD, D]
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
+    # this token attends to itself
+    s_self = (
+        tl.sum(q1.to(tl.float32) * k1.to(tl.float32), axis=1) + tl.sum(q2.to(tl.float32) * k2.to(tl.float32), axis=1)
+    ) * scale  # [G_PAD]
+    m_new = tl.maximum(m_i, s_self)
+    alpha = tl.exp(m_i - m_new)
+    p_self = tl.exp(s_self - m_new).to(v_ptr.dtype.element_ty).to(tl.float32)  # rounded as the block products' p
+    acc = acc * alpha[:, None] + p_self[:, None] * v_new.to(tl.float32)[None, :]
+    l_i = l_i * alpha + tl.exp(s_self - m_new)
     out = acc / l_i[:, None]
-    tl.store(
-        o_ptr + (b * n_q + j * G + g[:, None]) * D + d[None, :], out.to(o_ptr.dtype.element_ty), mask=(g < G)[:, None]
-    )
+    tl.store(o_ptr + (b * N_Q + j * G + g) * D + d[None, :], out.to(o_ptr.dtype.element_ty), mask=is_q)
 
 
-def decode_attention(
-    q: torch.Tensor,
+def rotary_attention(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    pos0: torch.Tensor,
+    slot0: torch.Tensor,
+    step: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     valid: torch.Tensor,
@@ -240,23 +229,35 @@ def decode_attention(
     num_warps: int | None = None,
     num_stages: int = 2,
 ) -> torch.Tensor:
-    """Grouped-query attention of one decode token over cache slots < kv_len whose ``valid`` is set.
+    """One decode token's rotary embedding, cache write and grouped-query attention, in one launch.
 
-    q: [B, Hq, D]; k_cache, v_cache: [rows >= B, Hkv, C, D]; valid: [rows, C] bool;
-    out: [B, Hq * D] (heads concatenated, as o_proj expects). The token's own slot must be valid.
-    Probabilities are rounded to the cache dtype before the value product, as flash attention does;
-    float32 inputs multiply in full precision (no TF32), so the CPU and GPU tests compare exactly.
+    qkv: [B, (Hq + 2 Hkv) * D], the token's projections; cos, sin: [positions, D] tables; pos0: [>= B] long,
+    slot0: [1] long, step: [1] long (on the device): the token of step ``step`` sits at rotary position
+    pos0[b] + step and cache slot slot0 + step. k_cache, v_cache: [rows >= B, Hkv, C, D] with a contiguous
+    last dimension. It attends to slots < kv_len that hold a real prompt token (slots <= slot0, where
+    ``valid`` [rows, C] marks them) or an earlier decoded token, then to itself. out: [B, Hq * D] (heads
+    concatenated, as o_proj expects). Scores and softmax in float32; q and k rounded to the cache dtype, and
+    probabilities before the value product, as flash attention does; float32 inputs multiply in full
+    precision, so the CPU and GPU tests compare exactly.
     """
-    B, n_q, D = q.shape
-    n_kv = k_cache.shape[1]
+    B = qkv.shape[0]
+    n_kv, C, D = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    n_q = out.shape[1] // D
     G = n_q // n_kv
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and valid.stride(-1) == 1
-    # kv_len is a compile-time constant: the decoder uses a few cache-length buckets, each
-    # captured in its own graph, so each compiles once. Launch shape: the fastest of a sweep on an
-    # H200 at SmolLM2-135M's shapes (benchmarks/decode_kernels.py): one warp per 64-wide head and
-    # 32-slot blocks, double-buffered, read the cache closest to bandwidth.
-    _decode_attention_kernel[(B, n_kv)](
-        q,
+    assert cos.is_contiguous() and sin.is_contiguous() and cos.shape[-1] == D and kv_len <= C
+    # kv_len is a compile-time constant (Triton's interpreter, which the CPU tests use, cannot loop to a
+    # run-time bound): the decoder uses a few cache-length buckets, each captured in its own graph, so each
+    # compiles once (and Triton's on-disk cache keeps it). Launch shape: the fastest of a sweep on an H200
+    # at SmolLM2-135M's shapes (benchmarks/decode_kernels.py): one warp per 64-wide head and 32-slot
+    # blocks, double-buffered.
+    _rotary_attention_kernel[(B, n_kv)](
+        qkv,
+        cos,
+        sin,
+        pos0,
+        slot0,
+        step,
         k_cache,
         v_cache,
         valid,
@@ -266,13 +267,15 @@ def decode_attention(
         k_cache.stride(1),
         k_cache.stride(2),
         valid.stride(0),
-        n_q,
         KV_LEN=kv_len,
+        N_Q=n_q,
+        N_KV=n_kv,
         G=G,
         G_PAD=max(triton.next_power_of_2(G), 16),
         D=D,
+        HALF=D // 2,
         BLOCK_K=block_k,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if qkv.dtype == torch.float32 else "tf32",
         num_warps=num_warps or max(1, D // 64),
         num_stages=num_stages,
     )
@@ -370,7 +373,23 @@ def _sample_partial_kernel(
 
 
 @triton.jit
-def _sample_combine_kernel(part_ptr, part_idx_ptr, tok_ptr, lp_ptr, N_BLOCKS: tl.constexpr, BLOCKS_PAD: tl.constexpr):
+def _sample_combine_kernel(
+    part_ptr,
+    part_idx_ptr,
+    tok_ptr,
+    lp_ptr,
+    done_ptr,
+    stop_ptr,
+    out_tok_ptr,
+    out_lp_ptr,
+    step_ptr,
+    stride_out,
+    pad_id,
+    N_BLOCKS: tl.constexpr,
+    BLOCKS_PAD: tl.constexpr,
+    N_STOP: tl.constexpr,
+    RECORD: tl.constexpr,
+):
     row = tl.program_id(0)
     k = tl.arange(0, BLOCKS_PAD)
     ok = k < N_BLOCKS
@@ -383,8 +402,22 @@ def _sample_combine_kernel(part_ptr, part_idx_ptr, tok_ptr, lp_ptr, N_BLOCKS: tl
     m_max = tl.max(m, axis=0)
     total = tl.sum(s * tl.exp(m - m_max), axis=0)
     best = tl.argmax(key, axis=0)  # first of equal keys: the lowest block
-    tl.store(tok_ptr + row, tl.sum(tl.where(k == best, idx, 0), axis=0).to(tl.int64))
-    tl.store(lp_ptr + row, tl.sum(tl.where(k == best, z, 0.0), axis=0) - m_max - tl.log(total))
+    tok = tl.sum(tl.where(k == best, idx, 0), axis=0).to(tl.int64)
+    lp = tl.sum(tl.where(k == best, z, 0.0), axis=0) - m_max - tl.log(total)
+    if RECORD:
+        # The decoder's bookkeeping for this row, in the same launch: a row that already stopped emits pad
+        # (log-prob 0); the token goes to output column `step` and is fed to the next step; a stop token ends
+        # the row.
+        finished = tl.load(done_ptr + row) != 0
+        tok = tl.where(finished, pad_id, tok)
+        lp = tl.where(finished, 0.0, lp)
+        col = tl.load(step_ptr)
+        tl.store(out_tok_ptr + row * stride_out + col, tok)
+        tl.store(out_lp_ptr + row * stride_out + col, lp)
+        stops = tl.load(stop_ptr + tl.arange(0, N_STOP))  # [N_STOP]
+        tl.store(done_ptr + row, finished | (tl.sum((stops == tok).to(tl.int32), axis=0) > 0))
+    tl.store(tok_ptr + row, tok)
+    tl.store(lp_ptr + row, lp)
 
 
 def sample(
@@ -408,6 +441,74 @@ def sample(
     log-probs at the given temperature (the decoder sets it to 1). Two launches: each row is raced in
     blocks of ``block`` columns by separate programs, then their partial results are combined.
     """
+    part, part_idx = _race(logits, inv_temperature, keys, step, greedy, block)
+    B, n_blocks = part_idx.shape
+    dummy = tokens  # the bookkeeping arguments are not read when RECORD is off
+    _sample_combine_kernel[(B,)](
+        part,
+        part_idx,
+        tokens,
+        logprobs,
+        dummy,
+        dummy,
+        dummy,
+        logprobs,
+        step,
+        0,
+        0,
+        N_BLOCKS=n_blocks,
+        BLOCKS_PAD=triton.next_power_of_2(n_blocks),
+        N_STOP=1,
+        RECORD=False,
+    )
+    return tokens, logprobs
+
+
+def sample_and_record(
+    logits: torch.Tensor,
+    inv_temperature: torch.Tensor,
+    keys: torch.Tensor,
+    step: torch.Tensor,
+    greedy: bool,
+    tokens: torch.Tensor,
+    logprobs: torch.Tensor,
+    done: torch.Tensor,
+    stop: torch.Tensor,
+    pad_id: int,
+    out_tokens: torch.Tensor,
+    out_logprobs: torch.Tensor,
+    block: int | None = None,
+):
+    """``sample``, plus the decoder's bookkeeping in the combining launch: rows whose ``done`` [>= B] bool is set
+    emit ``pad_id`` with log-prob 0; token and log-prob go to column ``step`` of ``out_tokens`` [>= B, C] long and
+    ``out_logprobs`` [>= B, C] float32 (one row stride); ``done`` is set where the token is one of ``stop``
+    ([S] long, S a power of two; repeat an id to pad). ``tokens`` [>= B] receives the tokens fed to the next step."""
+    part, part_idx = _race(logits, inv_temperature, keys, step, greedy, block)
+    B, n_blocks = part_idx.shape
+    assert out_tokens.stride() == out_logprobs.stride() and out_tokens.stride(-1) == 1
+    assert stop.numel() == triton.next_power_of_2(stop.numel())
+    _sample_combine_kernel[(B,)](
+        part,
+        part_idx,
+        tokens,
+        logprobs,
+        done,
+        stop,
+        out_tokens,
+        out_logprobs,
+        step,
+        out_tokens.stride(0),
+        pad_id,
+        N_BLOCKS=n_blocks,
+        BLOCKS_PAD=triton.next_power_of_2(n_blocks),
+        N_STOP=stop.numel(),
+        RECORD=True,
+    )
+    return tokens, logprobs
+
+
+def _race(logits, inv_temperature, keys, step, greedy: bool, block: int | None):
+    """The first launch of a draw: per-block partial races of every row. Returns (part [B, N, 4], part_idx [B, N])."""
     B, V = logits.shape
     assert logits.stride(-1) == 1 and keys.dtype == torch.int64
     if block is None:  # the interpreter's cost is per operation, not per element: one block per row there
@@ -431,7 +532,4 @@ def sample(
         GREEDY=greedy,
         QUARTER=quarter,
     )
-    _sample_combine_kernel[(B,)](
-        part, part_idx, tokens, logprobs, N_BLOCKS=n_blocks, BLOCKS_PAD=triton.next_power_of_2(n_blocks)
-    )
-    return tokens, logprobs
+    return part, part_idx
