@@ -15,7 +15,7 @@ PRESET ?= smoke
 STAMP  := $(VENV)/.installed
 # Notebooks checked by nbval: committed executed, re-run from committed records. The
 # training and study drivers (10-45) are exercised by tests/ instead, with tiny budgets.
-NBVAL_NOTEBOOKS := notebooks/00_data.ipynb $(wildcard notebooks/5*.ipynb)
+NBVAL_NOTEBOOKS := lib/grpo_knobs/notebooks/00_data.ipynb $(wildcard lib/grpo_knobs/notebooks/5*.ipynb)
 
 .PHONY: setup study test figures clean-venv
 

@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 STUDY_DIR = FIXTURES / "synthetic_study"
 BENCHMARK = FIXTURES / "rollout-synthetic.json"
-REFERENCE = ROOT / "data" / "reference" / "study_endpoints.csv"
+NOTEBOOKS = ROOT / "lib" / "grpo_knobs" / "notebooks"
+REFERENCE = ROOT / "lib" / "grpo_knobs" / "datasets" / "reference" / "study_endpoints.csv"
 
 
 @pytest.fixture(scope="module")
@@ -769,7 +770,7 @@ def _run_notebook_inprocess(name: str, **params) -> None:
 
     Far faster than a kernel per notebook; magics (``%matplotlib``) are dropped.
     """
-    nb = json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text())
+    nb = json.loads((NOTEBOOKS / f"{name}.ipynb").read_text())
     namespace: dict = {"__name__": f"notebook_{name[:2]}"}
     for cell in nb["cells"]:
         if cell["cell_type"] != "code":

@@ -13,7 +13,7 @@ LIB = ROOT / "lib" / "grpo_knobs"
 
 
 def _parameters_cell() -> str:
-    nb = json.loads((ROOT / "notebooks" / "10_train.ipynb").read_text())
+    nb = json.loads((LIB / "notebooks" / "10_train.ipynb").read_text())
     (cell,) = [c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", [])]
     return "".join(cell["source"])
 
@@ -35,7 +35,7 @@ def test_the_parameters_cell_is_runconfig():
 
 
 def test_the_notebook_builds_its_config_from_the_parameters_alone():
-    nb = json.loads((ROOT / "notebooks" / "10_train.ipynb").read_text())
+    nb = json.loads((LIB / "notebooks" / "10_train.ipynb").read_text())
     sources = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
     assert "cfg = RunConfig.from_parameters(dict(globals()))" in sources[1]
 

@@ -138,7 +138,7 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
     if a.committed:
         if a.study_dir or a.out_dir:
             raise SystemExit(
-                "--committed re-executes notebooks/5*.ipynb on their defaults; drop STUDY_DIR and --out-dir."
+                "--committed re-executes the committed notebooks 5*.ipynb in place; drop STUDY_DIR and --out-dir."
             )
         for path in study.refresh_committed_notebooks():
             print(f"refreshed: {path}")
@@ -156,11 +156,12 @@ def _cmd_notebook_params(a: argparse.Namespace) -> int:
     matched = write_parameters_cell(check=a.check)
     if a.check and not matched:
         raise ValueError(
-            "the parameters cell of notebooks/10_train.ipynb differs from RunConfig; "
+            "the parameters cell of grpo_knobs/notebooks/10_train.ipynb differs from RunConfig; "
             "run `grpo-knobs notebook-params` to rewrite it"
         )
     print(
-        "notebooks/10_train.ipynb: parameters cell " + ("matches RunConfig" if matched else "rewritten from RunConfig")
+        "grpo_knobs/notebooks/10_train.ipynb: parameters cell "
+        + ("matches RunConfig" if matched else "rewritten from RunConfig")
     )
     return 0
 
@@ -223,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("tasks", nargs="*")
     d.set_defaults(func=_cmd_data)
 
-    t = sub.add_parser("train", help="Run one training run (same code path as notebooks/10_train.ipynb).")
+    t = sub.add_parser("train", help="Run one training run (same code path as grpo_knobs/notebooks/10_train.ipynb).")
     t.add_argument("--config", help="YAML file of run parameters.")
     t.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="Override one parameter (repeatable).")
     t.add_argument("--no-progress", action="store_true")
@@ -294,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     an.set_defaults(func=_cmd_analyze)
 
     nbp = sub.add_parser(
-        "notebook-params", help="Rewrite the parameters cell of notebooks/10_train.ipynb from RunConfig."
+        "notebook-params", help="Rewrite the parameters cell of grpo_knobs/notebooks/10_train.ipynb from RunConfig."
     )
     nbp.add_argument("--check", action="store_true", help="Only check; exit 2 when the cell differs.")
     nbp.set_defaults(func=_cmd_notebook_params)

@@ -1,6 +1,6 @@
 """RunConfig: every parameter of one training run, typed, documented and validated.
 
-The same fields are the papermill parameters of ``notebooks/10_train.ipynb`` and the keys
+The same fields are the papermill parameters of ``grpo_knobs/notebooks/10_train.ipynb`` and the keys
 of ``grpo-knobs train --config run.yaml`` / ``-p key=value``, so the notebook and the
 command run exactly the same code path.
 """
@@ -168,7 +168,7 @@ class RunConfig:
         default=0, metadata={"help": "Save resumable state every N collections (0: at evaluations)."}
     )
     data_dir: str | None = field(
-        default=None, metadata={"help": "GSM8K directory (else the repository's data/gsm8k, then GRPO_KNOBS_DATA)."}
+        default=None, metadata={"help": "GSM8K directory (else the shipped copy, then GRPO_KNOBS_DATA)."}
     )
     tracker: str = field(
         default="none",
@@ -358,7 +358,7 @@ class RunConfig:
         return cls.from_dict(values)
 
 
-# The parameters cell of notebooks/10_train.ipynb: comment lines that open each group of fields.
+# The parameters cell of grpo_knobs/notebooks/10_train.ipynb: comment lines that open each group of fields.
 SECTIONS = {
     "task": "what is trained, on what",
     "rollout_batch_size": "the four batch knobs: P x G = B x S exactly",

@@ -9,7 +9,7 @@ long outputs are collapsed.
 Where the executed notebooks are:
 
 - ``grpo-knobs analyze STUDY_DIR`` (and ``grpo-knobs study``) write them to ``STUDY_DIR/figures``;
-- the committed ``notebooks/5*.ipynb`` are executed on the study named by their
+- the committed ``grpo_knobs/notebooks/5*.ipynb`` are executed on the study named by their
   ``study_dir`` parameter (``results/h200-mini``) and write ``figures/``.
 """
 
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .locations import NOTEBOOKS
 from .provenance import REPO_ROOT, git_commit
 from .study.notebooks import ANALYSIS_NOTEBOOKS
 
@@ -76,7 +77,7 @@ class _Page:
 
 def committed_study_dir() -> Path | None:
     """The study the committed analysis notebooks read (their ``study_dir`` parameter); None outside a checkout."""
-    notebook = REPO_ROOT / "notebooks" / f"{ANALYSIS_NOTEBOOKS[0]}.ipynb"
+    notebook = NOTEBOOKS / f"{ANALYSIS_NOTEBOOKS[0]}.ipynb"
     if not notebook.is_file():
         return None
     return (REPO_ROOT / _notebook_parameter(notebook, "study_dir")).resolve()
@@ -105,12 +106,12 @@ def find_sources(study_dir: str | Path, notebooks_dir: str | Path | None = None)
     else:
         candidates = [study / "figures"]
         if study == committed_study_dir():
-            candidates.append(REPO_ROOT / "notebooks")
+            candidates.append(NOTEBOOKS)
     for folder in candidates:
         found = tuple(folder / f"{name}.ipynb" for name in ANALYSIS_NOTEBOOKS if (folder / f"{name}.ipynb").is_file())
         if found:
             tables = folder
-            if folder == REPO_ROOT / "notebooks":
+            if folder == NOTEBOOKS:
                 tables = (REPO_ROOT / _notebook_parameter(found[0], "out_dir")).resolve()
             return ReportSources(study, found, tables)
     where = ", ".join(str(c) for c in candidates)

@@ -22,7 +22,7 @@ def notebook_setup() -> Path:
     Configures the figures (:func:`grpo_knobs.plots.configure`, inline
     display under IPython) and pandas' display width. The root is the
     checkout whose ``grpo_knobs`` is imported, so papermill (cwd: the
-    repository) and nbval (cwd: ``notebooks/``) resolve ``study_dir`` and
+    repository) and nbval (cwd: ``grpo_knobs/notebooks/``) resolve ``study_dir`` and
     ``out_dir`` the same way.
     """
     import pandas as pd

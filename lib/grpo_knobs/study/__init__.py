@@ -1,6 +1,6 @@
 """Study plans and the drivers that execute them.
 
-A study plan (``studies/<preset>.yaml``) is compact: shared RunConfig defaults, the
+A study plan (``grpo_knobs/studies/<preset>.yaml``) is compact: shared RunConfig defaults, the
 tasks, a screening arm list, LR follow-up controls, a selection rule fixed in advance,
 a confirmation spec and the terminal test spec. ``plan()`` expands it into one
 validated ``RunConfig`` per run, so a bad shape or budget fails before any run starts.
@@ -9,7 +9,7 @@ exists its runs are placeholders whose count and budgets are known (and validate
 every arm that could be selected) but whose arms are not.
 
 ``run_study()`` executes a plan phase by phase: each training run executes
-``notebooks/10_train.ipynb`` through papermill (or ``trainer.train`` in-process where
+``grpo_knobs/notebooks/10_train.ipynb`` through papermill (or ``trainer.train`` in-process where
 Jupyter is absent, as on the GPU machine), completed runs are skipped, a killed run is
 resumed from its last saved state, and a failed run is recorded while the others go on.
 

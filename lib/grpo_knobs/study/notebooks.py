@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..locations import NOTEBOOKS
 from ..provenance import REPO_ROOT
 
 ANALYSIS_NOTEBOOKS = (
@@ -52,7 +53,7 @@ def run_analysis(
             params["targets"] = {task: values[0] for task, values in targets.items() if values}
         target = out / f"{name}.ipynb"
         pm.execute_notebook(
-            str(REPO_ROOT / "notebooks" / f"{name}.ipynb"),
+            str(NOTEBOOKS / f"{name}.ipynb"),
             str(target),
             parameters=params,
             cwd=str(REPO_ROOT),
@@ -80,7 +81,7 @@ def refresh_committed_notebooks(
 
     written = []
     for name in tqdm(list(notebooks), desc="committed notebooks", disable=not progress):
-        path = REPO_ROOT / "notebooks" / f"{name}.ipynb"
+        path = NOTEBOOKS / f"{name}.ipynb"
         pm.execute_notebook(str(path), str(path), cwd=str(REPO_ROOT), progress_bar=False, kernel_name="python3")
         nb = nbformat.read(path, as_version=4)
         nb.metadata.pop("papermill", None)
@@ -93,7 +94,7 @@ def refresh_committed_notebooks(
     return written
 
 
-def write_parameters_cell(path: Path = REPO_ROOT / "notebooks" / "10_train.ipynb", check: bool = False) -> bool:
+def write_parameters_cell(path: Path = NOTEBOOKS / "10_train.ipynb", check: bool = False) -> bool:
     """Rewrite the ``parameters`` cell of the training notebook from RunConfig.
 
     Returns True when the cell already matched; with ``check`` nothing is written.

@@ -1,4 +1,4 @@
-"""Plans: a preset (``studies/<preset>.yaml``) expanded into validated runs, terminal test jobs
+"""Plans: a preset (``grpo_knobs/studies/<preset>.yaml``) expanded into validated runs, terminal test jobs
 and the selection rule, before any run starts."""
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import yaml
 
 from ..config import RunConfig
 from ..knobs import KNOB_NAMES, LR_FOLLOWUP_ARM, STUDY_ARMS, Arm
+from ..locations import STUDIES
 from ..provenance import REPO_ROOT
 from ..records import read_json
 
-STUDIES_DIR = REPO_ROOT / "studies"
+STUDIES_DIR = STUDIES
 TRAIN_PHASES = ("screening", "lr-followup", "confirmation")
 PHASE_ORDER = ("screening", "lr-followup", "selection", "confirmation", "test")
 # Ranking metrics of the selection rule and whether higher is better.
@@ -161,7 +162,7 @@ class Plan:
 # Loading and expanding a preset
 # ---------------------------------------------------------------------------------------
 def preset_path(preset_or_path: str | Path) -> Path:
-    """A preset name (``studies/<name>.yaml``) or a path to a plan file."""
+    """A preset name (``grpo_knobs/studies/<name>.yaml``) or a path to a plan file."""
     p = Path(preset_or_path)
     if p.suffix in (".yaml", ".yml") or p.exists():
         if not p.is_file():

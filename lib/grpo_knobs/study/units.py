@@ -16,11 +16,11 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..config import RunConfig
-from ..provenance import REPO_ROOT
+from ..locations import NOTEBOOKS
 from ..records import RunDir
 from ..runtime import DIE_WITH_PARENT_ENV
 
-TRAIN_NOTEBOOK = REPO_ROOT / "notebooks" / "10_train.ipynb"
+TRAIN_NOTEBOOK = NOTEBOOKS / "10_train.ipynb"
 EXECUTORS = ("auto", "papermill", "inprocess")
 
 
