@@ -24,12 +24,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" $(TRITON_SPEC)
 	$(BIN)/python -m pip install -q -e ".[test,tracking,ray]"
-# TRL with the accelerate and datasets it imports (tests/test_conventions.py builds real GRPOConfigs,
-# tests/test_benchmarks.py runs the TRL peer script on CPU); SGLang's argument parser and API types
-# (tests/test_sglang.py). --no-deps: their torch and transformers pins would replace ours.
-	$(BIN)/python -m pip install -q --no-deps trl==1.16.0 accelerate==1.15.0 datasets==4.8.4 dill==0.4.0 \
+# TRL with the datasets it imports (tests/test_conventions.py builds real GRPOConfigs,
+# tests/test_benchmarks.py runs the TRL peer script on CPU), their requirements pinned here
+# (--no-deps keeps pip from choosing other versions); `pip check` below proves the set complete.
+	$(BIN)/python -m pip install -q --no-deps trl==1.16.0 datasets==5.2.0 dill==0.4.0 \
 		multiprocess==0.70.18 xxhash==3.6.0
-	$(BIN)/python -m pip install -q --no-deps -r tests/sglang-api-requirements.txt
+# SGLang's argument parser and API types (tests/test_sglang.py) go beside the environment, not
+# into it: SGLang pins its own torch and transformers. tests/conftest.py puts them on the path.
+	rm -rf $(VENV)/sglang-api
+	$(BIN)/python -m pip install -q --no-deps --target $(VENV)/sglang-api -r tests/sglang-api-requirements.txt
+	$(BIN)/python -m pip check
 	touch $(STAMP)
 
 setup: $(STAMP)
