@@ -3,6 +3,10 @@
 import ast
 import dataclasses
 import json
+import re
+import subprocess
+import sys
+import typing
 from pathlib import Path
 
 from grpo_knobs.config import RunConfig, field_types
@@ -30,8 +34,29 @@ def test_the_parameters_cell_is_runconfig():
     assert {k: namespace[k] for k in names} == defaults
     declared = field_types()
     for node in assigned:
-        assert eval(ast.unparse(node.annotation), {}, {}) == declared[node.target.id], node.target.id  # noqa: S307
+        annotation = eval(ast.unparse(node.annotation), {"Optional": typing.Optional}, {})  # noqa: S307
+        assert annotation == declared[node.target.id], node.target.id
     assert write_parameters_cell(check=True)
+
+
+def test_papermill_reads_every_parameter_with_its_type_and_default():
+    """papermill's own parser (what --help-notebook prints, and what it checks injected names against) sees
+    every RunConfig field, in order, with its type and default."""
+    out = subprocess.run(
+        [sys.executable, "-m", "papermill", "--help-notebook", str(LIB / "notebooks" / "10_train.ipynb")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "Unable to parse" not in out.stdout + out.stderr
+    listed = re.findall(r"^  (\w+): (\S+) \(default (.*?)\)(?:\s|$)", out.stdout, flags=re.MULTILINE)
+    assert [name for name, _, _ in listed] == RunConfig.field_names()
+    declared = field_types()
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+    for name, type_name, default in listed:
+        assert eval(type_name, {"Optional": typing.Optional}, {}) == declared[name], name  # noqa: S307
+        value = ast.literal_eval(default)
+        assert (type(value), value) == (type(defaults[name]), defaults[name]), name
 
 
 def test_the_notebook_builds_its_config_from_the_parameters_alone():
