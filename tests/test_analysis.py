@@ -548,6 +548,10 @@ def test_every_figure_helper_draws(study):
         "critical_batch_no_benchmark": plots.critical_batch_figure(None, measured, None, train, 256, 1.2, None, "t"),
     }
     assert len(figures["critical_batch"].axes) == 3 and len(figures["critical_batch_no_benchmark"].axes) == 1
+    # one panel per signal the table holds, titled
+    assert list(plots.SIGNAL_TITLES) == list(an.TRAINING_SIGNALS)
+    panels = figures["training_signals"].axes[: len(plots.SIGNAL_TITLES)]
+    assert [ax.get_title() for ax in panels] == list(plots.SIGNAL_TITLES.values())
     for fig in figures.values():
         fig.savefig(io.BytesIO(), format="png", dpi=30)  # renders every artist
     plt.close("all")
