@@ -1,6 +1,7 @@
 # Two commands for a fresh machine:
 #   make study   set up .venv, fetch the model, run the smoke study on CPU, draw its figures and report
 #   make test    set up .venv, fetch the model, run every test (unit, integration, nbval)
+# Without a checkout: install the wheel and work in a `grpo-knobs init` workspace (docs/install.md).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin

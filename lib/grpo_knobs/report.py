@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .locations import NOTEBOOKS
-from .provenance import REPO_ROOT, git_commit
+from .locations import NOTEBOOKS, checkout_root, project_root
+from .provenance import git_commit
 from .study.notebooks import ANALYSIS_NOTEBOOKS
 
 # A text output longer than this is collapsed (notebook 52 prints about 8,500 characters per cell).
@@ -77,10 +77,10 @@ class _Page:
 
 def committed_study_dir() -> Path | None:
     """The study the committed analysis notebooks read (their ``study_dir`` parameter); None outside a checkout."""
-    notebook = NOTEBOOKS / f"{ANALYSIS_NOTEBOOKS[0]}.ipynb"
-    if not notebook.is_file():
+    notebook, root = NOTEBOOKS / f"{ANALYSIS_NOTEBOOKS[0]}.ipynb", checkout_root()
+    if root is None or not notebook.is_file():
         return None
-    return (REPO_ROOT / _notebook_parameter(notebook, "study_dir")).resolve()
+    return (root / _notebook_parameter(notebook, "study_dir")).resolve()
 
 
 def _notebook_parameter(path: Path, name: str) -> Any:
@@ -112,7 +112,7 @@ def find_sources(study_dir: str | Path, notebooks_dir: str | Path | None = None)
         if found:
             tables = folder
             if folder == NOTEBOOKS:
-                tables = (REPO_ROOT / _notebook_parameter(found[0], "out_dir")).resolve()
+                tables = (checkout_root() / _notebook_parameter(found[0], "out_dir")).resolve()
             return ReportSources(study, found, tables)
     where = ", ".join(str(c) for c in candidates)
     raise FileNotFoundError(
@@ -398,7 +398,7 @@ def study_provenance(sources: ReportSources) -> dict[str, Any]:
 
 def _display_path(path: Path) -> str:
     try:
-        return str(path.resolve().relative_to(REPO_ROOT))
+        return str(path.resolve().relative_to(project_root()))
     except ValueError:
         return str(path)
 

@@ -45,7 +45,6 @@ from .planning import (
     PHASE_ORDER,
     PLAN_OWNED,
     RANK_METRICS,
-    STUDIES_DIR,
     TRAIN_PHASES,
     Plan,
     PlanError,
@@ -60,14 +59,13 @@ from .planning import (
 from .presenting import format_plan_table, plan_to_json, run_progress
 from .run import StudyReport, _execute_all, run_study, terminal_test_results, visible_gpus
 from .selection import compute_selection, select, selection_table, validation_summary
-from .units import EXECUTORS, TRAIN_NOTEBOOK, JobResult, _subprocess_env
+from .units import EXECUTORS, JobResult, _subprocess_env
 
 __all__ = [
     # planning
     "PHASE_ORDER",
     "PLAN_OWNED",
     "RANK_METRICS",
-    "STUDIES_DIR",
     "TRAIN_PHASES",
     "Plan",
     "PlanError",
@@ -89,7 +87,6 @@ __all__ = [
     "validation_summary",
     # run (the underscore names are used by tests/test_study.py)
     "EXECUTORS",
-    "TRAIN_NOTEBOOK",
     "JobResult",
     "StudyReport",
     "_execute_all",
