@@ -1,6 +1,7 @@
 # Two commands for a fresh machine:
 #   make study   set up .venv, fetch the model, run the smoke study on CPU, draw its figures and report
 #   make test    set up .venv, fetch the model, run every test (unit, integration, nbval)
+# Without a checkout: install the wheel and work in a `grpo-knobs init` workspace (docs/install.md).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -15,7 +16,7 @@ PRESET ?= smoke
 STAMP  := $(VENV)/.installed
 # Notebooks checked by nbval: committed executed, re-run from committed records. The
 # training and study drivers (10-45) are exercised by tests/ instead, with tiny budgets.
-NBVAL_NOTEBOOKS := notebooks/00_data.ipynb $(wildcard notebooks/5*.ipynb)
+NBVAL_NOTEBOOKS := lib/grpo_knobs/notebooks/00_data.ipynb $(wildcard lib/grpo_knobs/notebooks/5*.ipynb)
 
 .PHONY: setup study test figures clean-venv
 
@@ -24,12 +25,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" $(TRITON_SPEC)
 	$(BIN)/python -m pip install -q -e ".[test,tracking,ray]"
-# TRL with the accelerate and datasets it imports (tests/test_conventions.py builds real GRPOConfigs,
-# tests/test_benchmarks.py runs the TRL peer script on CPU); SGLang's argument parser and API types
-# (tests/test_sglang.py). --no-deps: their torch and transformers pins would replace ours.
-	$(BIN)/python -m pip install -q --no-deps trl==1.16.0 accelerate==1.15.0 datasets==4.8.4 dill==0.4.0 \
+# TRL with the datasets it imports (tests/test_conventions.py builds real GRPOConfigs,
+# tests/test_benchmarks.py runs the TRL peer script on CPU), their requirements pinned here
+# (--no-deps keeps pip from choosing other versions); `pip check` below proves the set complete.
+	$(BIN)/python -m pip install -q --no-deps trl==1.16.0 datasets==5.2.0 dill==0.4.0 \
 		multiprocess==0.70.18 xxhash==3.6.0
-	$(BIN)/python -m pip install -q --no-deps -r tests/sglang-api-requirements.txt
+# SGLang's argument parser and API types (tests/test_sglang.py) go beside the environment, not
+# into it: SGLang pins its own torch and transformers. tests/conftest.py puts them on the path.
+	rm -rf $(VENV)/sglang-api
+	$(BIN)/python -m pip install -q --no-deps --target $(VENV)/sglang-api -r tests/sglang-api-requirements.txt
+	$(BIN)/python -m pip check
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 STUDY_DIR = FIXTURES / "synthetic_study"
 BENCHMARK = FIXTURES / "rollout-synthetic.json"
-REFERENCE = ROOT / "data" / "reference" / "study_endpoints.csv"
+NOTEBOOKS = ROOT / "lib" / "grpo_knobs" / "notebooks"
+REFERENCE = ROOT / "lib" / "grpo_knobs" / "datasets" / "reference" / "study_endpoints.csv"
 
 
 @pytest.fixture(scope="module")
@@ -547,6 +548,10 @@ def test_every_figure_helper_draws(study):
         "critical_batch_no_benchmark": plots.critical_batch_figure(None, measured, None, train, 256, 1.2, None, "t"),
     }
     assert len(figures["critical_batch"].axes) == 3 and len(figures["critical_batch_no_benchmark"].axes) == 1
+    # one panel per signal the table holds, titled
+    assert list(plots.SIGNAL_TITLES) == list(an.TRAINING_SIGNALS)
+    panels = figures["training_signals"].axes[: len(plots.SIGNAL_TITLES)]
+    assert [ax.get_title() for ax in panels] == list(plots.SIGNAL_TITLES.values())
     for fig in figures.values():
         fig.savefig(io.BytesIO(), format="png", dpi=30)  # renders every artist
     plt.close("all")
@@ -769,7 +774,7 @@ def _run_notebook_inprocess(name: str, **params) -> None:
 
     Far faster than a kernel per notebook; magics (``%matplotlib``) are dropped.
     """
-    nb = json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text())
+    nb = json.loads((NOTEBOOKS / f"{name}.ipynb").read_text())
     namespace: dict = {"__name__": f"notebook_{name[:2]}"}
     for cell in nb["cells"]:
         if cell["cell_type"] != "code":

@@ -15,7 +15,7 @@ from grpo_knobs.conventions import UnrepresentableError, from_trl, from_verl, to
 from grpo_knobs.records import RunDir, atomic_write_json
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESETS = sorted(p.stem for p in (ROOT / "studies").glob("*.yaml"))
+PRESETS = sorted(p.stem for p in (ROOT / "lib" / "grpo_knobs" / "studies").glob("*.yaml"))
 
 
 def _study_configs() -> list[RunConfig]:
@@ -298,7 +298,7 @@ def test_config_drift_reads_the_old_name(tmp_path):
 
 def test_no_file_uses_the_old_name_outside_records():
     hits = []
-    for folder in ("lib", "notebooks", "studies", "benchmarks", "docs"):
+    for folder in ("lib", "benchmarks", "docs"):
         for path in (ROOT / folder).rglob("*"):
             if (
                 path.is_file()
@@ -313,7 +313,7 @@ def test_no_file_uses_the_old_name_outside_records():
         "docs/conventions.md",
         "lib/grpo_knobs/config.py",
         "lib/grpo_knobs/conventions.py",
-        "notebooks/10_train.ipynb",
+        "lib/grpo_knobs/notebooks/10_train.ipynb",
     ]
 
 

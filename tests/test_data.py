@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 from grpo_knobs import data, prompts
@@ -25,8 +26,8 @@ def gsm8k():
 @pytest.fixture(scope="module")
 def gsm8k_dir():
     directory = data.resolve_gsm8k_dir()
-    # The repository ships GSM8K (data/gsm8k), so a clone alone is enough.
-    assert directory == data.REPO_ROOT / "data" / "gsm8k"
+    # The package ships GSM8K (grpo_knobs/datasets/gsm8k), so a clone or an install alone is enough.
+    assert directory == Path(data.__file__).resolve().parent / "datasets" / "gsm8k"
     return directory
 
 
@@ -264,7 +265,7 @@ def test_manifest_rows_and_hashes(task):
 
 def test_gsm8k_manifest_records_source_files(gsm8k_dir):
     source = json.loads((data.MANIFEST_DIR / "gsm8k.json").read_text())["splits"]["test"]["source"]
-    assert source["files"]["test"]["path"] == "data/gsm8k/test.jsonl"
+    assert source["files"]["test"]["path"] == "grpo_knobs/datasets/gsm8k/test.jsonl"
     assert source["files"]["test"]["sha256"] == data.sha256_file(gsm8k_dir / "test.jsonl")
 
 

@@ -28,6 +28,14 @@ def test_ci_runs_the_readme_test_command():
     assert "git clone" in ci and "test ! -e ../shared" in ci
 
 
+def test_ci_uses_the_installed_wheel_from_an_empty_folder():
+    ci = (ROOT / ".ci" / "run").read_text()
+    # torch pinned before the wheel, so that installing its requirements pulls no CUDA build
+    assert ci.index("install -q torch==2.13.0") < ci.index("pip wheel") < ci.index('install -q "$work"/dist/')
+    for command in ("grpo-knobs init ws", "grpo-knobs plan smoke", "grpo-knobs train", "$pip check"):
+        assert ci.index('cd "$work/empty"') < ci.index(command), command
+
+
 def test_the_test_command_lints_and_checks_formatting():
     make = (ROOT / "Makefile").read_text()
     target = make[make.index("\ntest: setup") :].split("\n\n")[0]

@@ -18,6 +18,7 @@ from grpo_knobs.study import ANALYSIS_NOTEBOOKS, run_analysis
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED_STUDY = ROOT / "results" / "h200-mini"
 SYNTHETIC_STUDY = ROOT / "tests" / "fixtures" / "synthetic_study"
+NOTEBOOKS = ROOT / "lib" / "grpo_knobs" / "notebooks"
 
 
 # --- tables from printed text -------------------------------------------------------------------
@@ -64,7 +65,7 @@ def test_text_that_is_not_a_printed_frame_stays_preformatted(text):
 
 def test_printed_tables_match_the_markdown_files_the_notebook_wrote():
     """Notebook 51 prints each per-run table and writes the same one to figures/*.md."""
-    nb = nbformat.read(ROOT / "notebooks" / "51_confirmation.ipynb", as_version=4)
+    nb = nbformat.read(NOTEBOOKS / "51_confirmation.ipynb", as_version=4)
     cell = next(c for c in nb.cells if c.cell_type == "code" and "confirmation_run_table" in c.source)
     text = "".join(o["text"] for o in cell.outputs if o.get("output_type") == "stream")
     blocks = [b.split("\n") for b in re.split(r"\n\s*\n", text.strip("\n"))]
@@ -166,13 +167,13 @@ def test_committed_study_report_is_self_contained(committed_report):
     ]
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", text)
     assert "@import" not in text and "url(http" not in text
-    assert len(page.images) == sum(_image_outputs(ROOT / "notebooks" / f"{n}.ipynb") for n in ANALYSIS_NOTEBOOKS)
+    assert len(page.images) == sum(_image_outputs(NOTEBOOKS / f"{n}.ipynb") for n in ANALYSIS_NOTEBOOKS)
     assert all(src.startswith("data:image/png;base64,") for src in page.images)
     # every contents entry lands on a heading, one per notebook at least
     internal = [h[1:] for h in page.links if h.startswith("#")]
     assert internal and set(internal) <= page.ids
     for name in ANALYSIS_NOTEBOOKS:
-        title = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4).cells[0].source.splitlines()[0]
+        title = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4).cells[0].source.splitlines()[0]
         assert title.lstrip("# ").split(" · ")[1] in text
     # no code: the notebooks' imports and parameter cells are not on the page
     assert "import sys" not in text and "study_dir =" not in text

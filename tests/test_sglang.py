@@ -29,7 +29,7 @@ from grpo_knobs.rollout.sglang import (
 from grpo_knobs.trainer import train
 
 FAST = RetryPolicy(max_retries=2, backoff=0.01, backoff_max=0.05, max_restarts=1)
-INSTALL = "pip install --no-deps -r tests/sglang-api-requirements.txt"
+INSTALL = "pip install --no-deps --target .venv/sglang-api -r tests/sglang-api-requirements.txt"
 
 
 def sglang_source() -> Path | None:

@@ -23,7 +23,8 @@ from grpo_knobs.records import RunDir, atomic_write_json
 from grpo_knobs.study import run as study_run
 
 ROOT = Path(__file__).resolve().parents[1]
-ENDPOINTS = ROOT / "data" / "reference" / "study_endpoints.csv"
+NOTEBOOKS = ROOT / "lib" / "grpo_knobs" / "notebooks"
+ENDPOINTS = ROOT / "lib" / "grpo_knobs" / "datasets" / "reference" / "study_endpoints.csv"
 PAPER_PICKS = {"gsm8k": ["onpolicy-small", "onpolicy-large", "batch-256-sqrt"]}
 
 
@@ -471,10 +472,10 @@ def test_driver_notebooks_run_the_pipeline(tmp_path, monkeypatch):
         ("45_test_eval", {}),
     ):
         pm.execute_notebook(
-            str(ROOT / "notebooks" / f"{name}.ipynb"),
+            str(NOTEBOOKS / f"{name}.ipynb"),
             str(tmp_path / f"{name}.ipynb"),
             parameters=common | extra,
-            cwd=str(ROOT / "notebooks"),
+            cwd=str(NOTEBOOKS),
             progress_bar=False,
         )
     selection = json.loads((study_dir / "selection.json").read_text())

@@ -188,7 +188,7 @@ def test_smollm2_run_through_papermill(tmp_path):
         device="cpu",
     )
     pm.execute_notebook(
-        str(ROOT / "notebooks" / "10_train.ipynb"),
+        str(ROOT / "lib" / "grpo_knobs" / "notebooks" / "10_train.ipynb"),
         str(out),
         parameters=params,
         cwd=str(ROOT),

@@ -38,6 +38,15 @@ def _cmd_knobs(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_init(a: argparse.Namespace) -> int:
+    from .workspace import init_workspace
+
+    root = init_workspace(a.directory, a.preset)
+    print(f"workspace {root}: notebooks/, studies/{a.preset}.yaml (to edit), README.md")
+    print(f"next: cd {a.directory} && grpo-knobs plan {a.preset}")
+    return 0
+
+
 def _cmd_fetch_model(a: argparse.Namespace) -> int:
     from .models import fetch_model
 
@@ -138,7 +147,7 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
     if a.committed:
         if a.study_dir or a.out_dir:
             raise SystemExit(
-                "--committed re-executes notebooks/5*.ipynb on their defaults; drop STUDY_DIR and --out-dir."
+                "--committed re-executes the committed notebooks 5*.ipynb in place; drop STUDY_DIR and --out-dir."
             )
         for path in study.refresh_committed_notebooks():
             print(f"refreshed: {path}")
@@ -151,17 +160,16 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
 
 
 def _cmd_notebook_params(a: argparse.Namespace) -> int:
+    from .locations import notebook
     from .study.notebooks import write_parameters_cell
 
-    matched = write_parameters_cell(check=a.check)
+    path = notebook("10_train")
+    matched = write_parameters_cell(path, check=a.check)
     if a.check and not matched:
         raise ValueError(
-            "the parameters cell of notebooks/10_train.ipynb differs from RunConfig; "
-            "run `grpo-knobs notebook-params` to rewrite it"
+            f"the parameters cell of {path} differs from RunConfig; run `grpo-knobs notebook-params` to rewrite it"
         )
-    print(
-        "notebooks/10_train.ipynb: parameters cell " + ("matches RunConfig" if matched else "rewritten from RunConfig")
-    )
+    print(f"{path}: parameters cell " + ("matches RunConfig" if matched else "rewritten from RunConfig"))
     return 0
 
 
@@ -222,6 +230,11 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--json", action="store_true")
     k.set_defaults(func=_cmd_knobs)
 
+    i = sub.add_parser("init", help="Write a workspace: the notebooks, a study preset to edit and a README.")
+    i.add_argument("directory", help="A new or empty folder.")
+    i.add_argument("--preset", default="smoke", help="The shipped preset copied into studies/ (default: smoke).")
+    i.set_defaults(func=_cmd_init)
+
     f = sub.add_parser("fetch-model", help="Fetch, verify and cache a model.")
     f.add_argument("name")
     f.set_defaults(func=_cmd_fetch_model)
@@ -231,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("tasks", nargs="*")
     d.set_defaults(func=_cmd_data)
 
-    t = sub.add_parser("train", help="Run one training run (same code path as notebooks/10_train.ipynb).")
+    t = sub.add_parser("train", help="Run one training run (same code path as the notebook 10_train.ipynb).")
     t.add_argument("--config", help="YAML file of run parameters.")
     t.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="Override one parameter (repeatable).")
     t.add_argument("--no-progress", action="store_true")
@@ -302,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     an.set_defaults(func=_cmd_analyze)
 
     nbp = sub.add_parser(
-        "notebook-params", help="Rewrite the parameters cell of notebooks/10_train.ipynb from RunConfig."
+        "notebook-params", help="Rewrite the parameters cell of 10_train.ipynb (the workspace's, else shipped)."
     )
     nbp.add_argument("--check", action="store_true", help="Only check; exit 2 when the cell differs.")
     nbp.set_defaults(func=_cmd_notebook_params)

@@ -1,6 +1,6 @@
 """RunConfig: every parameter of one training run, typed, documented and validated.
 
-The same fields are the papermill parameters of ``notebooks/10_train.ipynb`` and the keys
+The same fields are the papermill parameters of ``grpo_knobs/notebooks/10_train.ipynb`` and the keys
 of ``grpo-knobs train --config run.yaml`` / ``-p key=value``, so the notebook and the
 command run exactly the same code path.
 """
@@ -179,7 +179,7 @@ class RunConfig:
         default=0, metadata={"help": "Save resumable state every N collections (0: at evaluations)."}
     )
     data_dir: str | None = field(
-        default=None, metadata={"help": "GSM8K directory (else the repository's data/gsm8k, then GRPO_KNOBS_DATA)."}
+        default=None, metadata={"help": "GSM8K directory (else the shipped copy, then GRPO_KNOBS_DATA)."}
     )
     tracker: str = field(
         default="none",
@@ -374,7 +374,7 @@ class RunConfig:
         return cls.from_dict(values)
 
 
-# The parameters cell of notebooks/10_train.ipynb: comment lines that open each group of fields.
+# The parameters cell of grpo_knobs/notebooks/10_train.ipynb: comment lines that open each group of fields.
 SECTIONS = {
     "task": "what is trained, on what",
     "rollout_batch_size": "the four batch knobs: P x G = B x S exactly",
@@ -387,22 +387,37 @@ SECTIONS = {
 PARAMETERS_HEADER = (
     "# Parameters: one typed block of defaults, generated from grpo_knobs.config.RunConfig\n"
     "# (`grpo-knobs notebook-params` rewrites it); papermill overrides any of them.\n"
+    "from typing import Optional  # papermill reads `Optional[int]`, not `int | None`\n"
 )
 
 
 def parameters_cell() -> str:
-    """The source of the notebook's ``parameters`` cell: every RunConfig field, its type and default."""
+    """The source of the notebook's ``parameters`` cell: every RunConfig field, its type and default.
+
+    Written for papermill's line parser (``papermill --help-notebook`` and its check of injected
+    names): one field per line, a type it reads (``int``, ``Optional[int]``), and a help comment
+    on the line only where that line then holds a single ``=`` (the parser skips any other).
+    """
     lines = [PARAMETERS_HEADER]
+    declared = field_types()
     for f in dataclasses.fields(RunConfig):
         if f.name in SECTIONS:
             lines.append(f"\n# --- {SECTIONS[f.name]}\n")
         help_text = " ".join(f.metadata.get("help", "").split())
-        code = f"{f.name}: {f.type} = {_literal(f.default)}"
-        if len(code) + len(help_text) + 4 <= 119:
+        code = f"{f.name}: {_annotation(declared[f.name])} = {_literal(f.default)}"
+        if len(code) + len(help_text) + 4 <= 119 and "=" not in help_text:
             lines.append(f"{code}  # {help_text}\n")
-        else:  # a long help reads better above its field
+        else:  # a long help (or one with "=") reads above its field
             lines += [f"# {line}\n" for line in textwrap.wrap(help_text, 115)] + [f"{code}\n"]
     return "".join(lines).rstrip("\n")
+
+
+def _annotation(declared: Any) -> str:
+    """A field's type as papermill's parser reads it: ``int``, ``Optional[int]``."""
+    kinds, optional = _base_types(declared)
+    if len(kinds) != 1 or not isinstance(kinds[0], type):
+        raise TypeError(f"the parameters cell cannot declare {declared}: use one plain type, optionally | None")
+    return f"Optional[{kinds[0].__name__}]" if optional else kinds[0].__name__
 
 
 def _literal(value: Any) -> str:

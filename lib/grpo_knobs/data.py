@@ -2,7 +2,7 @@
 
 Every split is a deterministic function of its source (the GSM8K files, or a
 Countdown generator's parameters and seed), and every load is checked against
-the committed manifest in ``data_manifests/<task>.json``. A run record stores
+the committed manifest in ``grpo_knobs/data_manifests/<task>.json``. A run record stores
 :func:`split_hashes`, so two runs that report the same hashes trained and
 evaluated on exactly the same rows.
 
@@ -40,10 +40,10 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Iterator, Union
 
+from .locations import DATASETS, MANIFESTS, package_relative
 from .provenance import sha256_file
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-MANIFEST_DIR = REPO_ROOT / "data_manifests"
+MANIFEST_DIR = MANIFESTS
 SPLITS = ("train", "validation", "test")
 SPLIT_SEED = 1729
 DATA_ENV_VAR = "GRPO_KNOBS_DATA"
@@ -72,7 +72,7 @@ class Problem:
         """What analysis groups the problem by (:func:`problem_category`).
 
         Derived on access, not a field: ``asdict`` leaves it out, so the split
-        hashes in ``data_manifests/`` and in run records do not depend on it.
+        hashes in the manifests and in run records do not depend on it.
         """
         return problem_category(self)
 
@@ -304,8 +304,8 @@ def _build_splits(spec: TaskSpec, data_dir) -> dict[str, tuple[Problem, ...]]:
 
 
 def _default_gsm8k_dirs() -> list[Path]:
-    """The copy that ships with the repository (``data/gsm8k``, see its SOURCE.md)."""
-    return [REPO_ROOT / "data" / "gsm8k"]
+    """The copy shipped inside the package (``grpo_knobs/datasets/gsm8k``, see its SOURCE.md)."""
+    return [DATASETS / "gsm8k"]
 
 
 def _gsm8k_files(directory: Path) -> tuple[Path, Path] | None:
@@ -318,7 +318,7 @@ def _gsm8k_files(directory: Path) -> tuple[Path, Path] | None:
 
 
 def resolve_gsm8k_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
-    """The local GSM8K directory: ``data_dir``, else the repository's copy, else ``$GRPO_KNOBS_DATA``.
+    """The local GSM8K directory: ``data_dir``, else the shipped copy, else ``$GRPO_KNOBS_DATA``.
 
     An explicitly given directory must hold the files (no silent fallback); None means no
     local copy exists, and the hub is the last resort.
@@ -353,13 +353,9 @@ def _read_jsonl(path: Path) -> list[dict]:
             except json.JSONDecodeError as error:
                 raise ValueError(
                     f"{path}, line {number}: not valid JSON ({error.msg} at column {error.colno}); "
-                    "restore the file from its source (see data/gsm8k/SOURCE.md)"
+                    "restore the file from its source (see grpo_knobs/datasets/gsm8k/SOURCE.md)"
                 ) from None
     return rows
-
-
-def _relative_to_repo(path: Path) -> str:
-    return os.path.relpath(path.resolve(), REPO_ROOT)
 
 
 def _load_gsm8k_rows(data_dir) -> tuple[list[dict], list[dict], dict]:
@@ -763,7 +759,7 @@ def _source_entries(spec: TaskSpec, data_dir) -> tuple[dict[str, tuple[Problem, 
     if source["kind"] == "hub":
         return splits, {split: {**source, **rule} for split in SPLITS}
     files = {
-        name: {"path": _relative_to_repo(path), "sha256": sha256_file(path)} for name, path in source["paths"].items()
+        name: {"path": package_relative(path), "sha256": sha256_file(path)} for name, path in source["paths"].items()
     }
     return splits, {
         "train": {"kind": "local", "files": files, "rule": "train rows not in validation", **rule},

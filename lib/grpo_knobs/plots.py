@@ -166,16 +166,24 @@ def learning_curves_figure(
     return _title_and_legend_below(fig, axes[0, 0], title)
 
 
+# Panel titles of the training signals (grpo_knobs.analysis.TRAINING_SIGNALS, in its display units). The
+# figures take them from here rather than from the analysis package, which imports this module's notebook setup.
+SIGNAL_TITLES = {
+    "reward_mean": "Training reward (%)",
+    "mixed_group_fraction": "Mixed groups (%)",
+    "truncation_fraction": "Truncated responses (%)",
+    "response_length_mean": "Mean response length (tokens)",
+}
+
+
 def training_signals_figure(table: pd.DataFrame, labels: Sequence[str], title: str) -> Figure:
     """One panel per training signal against cumulative responses, seed mean and range per recipe.
 
     ``table`` is :func:`grpo_knobs.analysis.training_signals` for one task.
     """
-    from grpo_knobs.analysis import TRAINING_SIGNALS
-
     colors = label_colors(labels)
-    fig, axes = plt.subplots(1, len(TRAINING_SIGNALS), figsize=(3.4 * len(TRAINING_SIGNALS), 3.2), squeeze=False)
-    for ax, (signal, (name, _)) in zip(axes[0], TRAINING_SIGNALS.items()):
+    fig, axes = plt.subplots(1, len(SIGNAL_TITLES), figsize=(3.4 * len(SIGNAL_TITLES), 3.2), squeeze=False)
+    for ax, (signal, name) in zip(axes[0], SIGNAL_TITLES.items()):
         rows = table[table["signal"] == signal]
         for label in labels:
             s = rows[rows["label"] == label].sort_values("responses")

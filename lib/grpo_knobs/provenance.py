@@ -8,12 +8,15 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
+from .locations import checkout_root
+
 PACKAGES = (
     "grpo-knobs",
     "torch",
     "transformers",
     "safetensors",
     "gguf",
+    "accelerate",
     "numpy",
     "pandas",
     "pyarrow",
@@ -23,7 +26,6 @@ PACKAGES = (
     "liger-kernel",
     "sglang",
 )
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def package_versions() -> dict[str, str | None]:
@@ -36,8 +38,12 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
-def git_commit(root: Path = REPO_ROOT) -> str | None:
-    """The checkout's commit, with ``+dirty`` when tracked files differ from it."""
+def git_commit(root: Path | None = None) -> str | None:
+    """The commit of the checkout this package is imported from (or of ``root``), with ``+dirty`` when
+    tracked files differ from it; None for an installed package, whose version is recorded instead."""
+    root = root or checkout_root()
+    if root is None:
+        return None
     try:
         sha = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True

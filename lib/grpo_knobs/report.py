@@ -9,7 +9,7 @@ long outputs are collapsed.
 Where the executed notebooks are:
 
 - ``grpo-knobs analyze STUDY_DIR`` (and ``grpo-knobs study``) write them to ``STUDY_DIR/figures``;
-- the committed ``notebooks/5*.ipynb`` are executed on the study named by their
+- the committed ``grpo_knobs/notebooks/5*.ipynb`` are executed on the study named by their
   ``study_dir`` parameter (``results/h200-mini``) and write ``figures/``.
 """
 
@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .provenance import REPO_ROOT, git_commit
+from .locations import NOTEBOOKS, checkout_root, project_root
+from .provenance import git_commit
 from .study.notebooks import ANALYSIS_NOTEBOOKS
 
 # A text output longer than this is collapsed (notebook 52 prints about 8,500 characters per cell).
@@ -76,10 +77,10 @@ class _Page:
 
 def committed_study_dir() -> Path | None:
     """The study the committed analysis notebooks read (their ``study_dir`` parameter); None outside a checkout."""
-    notebook = REPO_ROOT / "notebooks" / f"{ANALYSIS_NOTEBOOKS[0]}.ipynb"
-    if not notebook.is_file():
+    notebook, root = NOTEBOOKS / f"{ANALYSIS_NOTEBOOKS[0]}.ipynb", checkout_root()
+    if root is None or not notebook.is_file():
         return None
-    return (REPO_ROOT / _notebook_parameter(notebook, "study_dir")).resolve()
+    return (root / _notebook_parameter(notebook, "study_dir")).resolve()
 
 
 def _notebook_parameter(path: Path, name: str) -> Any:
@@ -105,13 +106,13 @@ def find_sources(study_dir: str | Path, notebooks_dir: str | Path | None = None)
     else:
         candidates = [study / "figures"]
         if study == committed_study_dir():
-            candidates.append(REPO_ROOT / "notebooks")
+            candidates.append(NOTEBOOKS)
     for folder in candidates:
         found = tuple(folder / f"{name}.ipynb" for name in ANALYSIS_NOTEBOOKS if (folder / f"{name}.ipynb").is_file())
         if found:
             tables = folder
-            if folder == REPO_ROOT / "notebooks":
-                tables = (REPO_ROOT / _notebook_parameter(found[0], "out_dir")).resolve()
+            if folder == NOTEBOOKS:
+                tables = (checkout_root() / _notebook_parameter(found[0], "out_dir")).resolve()
             return ReportSources(study, found, tables)
     where = ", ".join(str(c) for c in candidates)
     raise FileNotFoundError(
@@ -397,7 +398,7 @@ def study_provenance(sources: ReportSources) -> dict[str, Any]:
 
 def _display_path(path: Path) -> str:
     try:
-        return str(path.resolve().relative_to(REPO_ROOT))
+        return str(path.resolve().relative_to(project_root()))
     except ValueError:
         return str(path)
 

@@ -1,6 +1,6 @@
 """Study directories -> DataFrames -> the study's tables.
 
-The analysis notebooks (``notebooks/5*.ipynb``) stay thin: they call
+The analysis notebooks (``grpo_knobs/notebooks/5*.ipynb``) stay thin: they call
 :func:`load_study` once and then the table builders below, which take and
 return plain DataFrames so they can be tested on hand-made data. Statistics
 live in :mod:`grpo_knobs.stats`, figures in :mod:`grpo_knobs.plots`.
@@ -133,6 +133,7 @@ from grpo_knobs.analysis.loading import (
     BENCHMARK_COLUMNS,
     COLLECTION_COLUMNS,
     EVAL_COLUMNS,
+    REFERENCE_CSV,
     RUN_FILES,
     Study,
     load_reference,
@@ -235,6 +236,7 @@ __all__ = [
     "BENCHMARK_COLUMNS",
     "COLLECTION_COLUMNS",
     "EVAL_COLUMNS",
+    "REFERENCE_CSV",
     "RUN_FILES",
     "Study",
     "load_reference",

@@ -121,12 +121,13 @@ def curve_endpoint_table(summary: pd.DataFrame, labels: Sequence[str] | None = N
     return sort_tasks(_sort_by_labels(table, labels, ["recipe"]))
 
 
-# Per-collection training signals drawn beside the learning curves: column -> (title, scale).
+# Per-collection training signals drawn beside the learning curves: column -> scale to display units
+# (their panel titles: grpo_knobs.plots.SIGNAL_TITLES).
 TRAINING_SIGNALS = {
-    "reward_mean": ("Training reward (%)", 100.0),
-    "mixed_group_fraction": ("Mixed groups (%)", 100.0),
-    "truncation_fraction": ("Truncated responses (%)", 100.0),
-    "response_length_mean": ("Mean response length (tokens)", 1.0),
+    "reward_mean": 100.0,
+    "mixed_group_fraction": 100.0,
+    "truncation_fraction": 100.0,
+    "response_length_mean": 1.0,
 }
 
 
@@ -149,7 +150,7 @@ def training_signals(collections: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFr
         window_end = width * np.ceil(t["responses"] / width).astype(int)  # [collections]
         t = t.assign(window=window_end)
         for label, g in t.groupby("label", sort=True):
-            for column, (_, scale) in TRAINING_SIGNALS.items():
+            for column, scale in TRAINING_SIGNALS.items():
                 table = g.pivot_table(
                     index="run_id", columns="window", values=column, aggfunc="mean"
                 )  # [seeds, windows]

@@ -14,6 +14,7 @@ import pandas as pd
 from grpo_knobs.analysis.constants import PHASES, SHAPE_COLUMNS, STUDY_RECIPE_NAMES
 from grpo_knobs.analysis.curves import _curve_endpoints, _test_endpoints, eval_curves
 from grpo_knobs.analysis.ordering import order_tasks
+from grpo_knobs.locations import REFERENCE_CSV
 
 EVAL_COLUMNS = (
     "run_id",
@@ -336,8 +337,9 @@ _REFERENCE_RENAMES = {
 _REFERENCE_PHASES = {"screen": "screening", "confirm": "confirmation", "lr-followup": "lr-followup"}
 
 
-def load_reference(csv_path: str | Path) -> pd.DataFrame:
-    """The study's 41 published endpoints, mapped onto the ``runs`` columns.
+def load_reference(csv_path: str | Path = REFERENCE_CSV) -> pd.DataFrame:
+    """The study's 41 published endpoints (default: the copy shipped with the package, :data:`REFERENCE_CSV`),
+    mapped onto the ``runs`` columns.
 
     ``label`` uses the study's recipe names for confirmation runs and the arm
     elsewhere; ``source`` is "study" so mixed tables stay labelled.

@@ -1,6 +1,6 @@
 """Study plans and the drivers that execute them.
 
-A study plan (``studies/<preset>.yaml``) is compact: shared RunConfig defaults, the
+A study plan (``grpo_knobs/studies/<preset>.yaml``) is compact: shared RunConfig defaults, the
 tasks, a screening arm list, LR follow-up controls, a selection rule fixed in advance,
 a confirmation spec and the terminal test spec. ``plan()`` expands it into one
 validated ``RunConfig`` per run, so a bad shape or budget fails before any run starts.
@@ -9,7 +9,7 @@ exists its runs are placeholders whose count and budgets are known (and validate
 every arm that could be selected) but whose arms are not.
 
 ``run_study()`` executes a plan phase by phase: each training run executes
-``notebooks/10_train.ipynb`` through papermill (or ``trainer.train`` in-process where
+``grpo_knobs/notebooks/10_train.ipynb`` through papermill (or ``trainer.train`` in-process where
 Jupyter is absent, as on the GPU machine), completed runs are skipped, a killed run is
 resumed from its last saved state, and a failed run is recorded while the others go on.
 
@@ -45,7 +45,6 @@ from .planning import (
     PHASE_ORDER,
     PLAN_OWNED,
     RANK_METRICS,
-    STUDIES_DIR,
     TRAIN_PHASES,
     Plan,
     PlanError,
@@ -60,14 +59,13 @@ from .planning import (
 from .presenting import format_plan_table, plan_to_json, run_progress
 from .run import StudyReport, _execute_all, run_study, terminal_test_results, visible_gpus
 from .selection import compute_selection, select, selection_table, validation_summary
-from .units import EXECUTORS, TRAIN_NOTEBOOK, JobResult, _subprocess_env
+from .units import EXECUTORS, JobResult, _subprocess_env
 
 __all__ = [
     # planning
     "PHASE_ORDER",
     "PLAN_OWNED",
     "RANK_METRICS",
-    "STUDIES_DIR",
     "TRAIN_PHASES",
     "Plan",
     "PlanError",
@@ -89,7 +87,6 @@ __all__ = [
     "validation_summary",
     # run (the underscore names are used by tests/test_study.py)
     "EXECUTORS",
-    "TRAIN_NOTEBOOK",
     "JobResult",
     "StudyReport",
     "_execute_all",

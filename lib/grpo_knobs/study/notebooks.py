@@ -1,5 +1,5 @@
-"""The analysis notebooks (50-57) executed through papermill: on a study directory, or the
-committed ones (50-58) in place."""
+"""Notebooks executed through papermill: the analysis notebooks (50-57) on a study directory, the
+committed ones (50-58) in place, and the kernel settings every papermill run here uses."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..provenance import REPO_ROOT
+from ..locations import NOTEBOOKS, checkout_root, notebook, project_root
 
 ANALYSIS_NOTEBOOKS = (
     "50_learning_curves",
@@ -23,6 +23,21 @@ ANALYSIS_NOTEBOOKS = (
 FINDINGS_NOTEBOOKS = ("58_task_room",)
 
 
+def execute_notebook(source: str | Path, target: str | Path, **kwargs: Any) -> None:
+    """``papermill.execute_notebook`` with the kernel manager's CurveZMQ keys.
+
+    The kernel talks to this process over local TCP; with the keys that link is encrypted and
+    ipykernel has no reason to warn that it is not. (IPC sockets would also do, but their paths
+    under the Jupyter runtime folder can exceed the 107-byte limit of a Unix socket path.)
+    """
+    import papermill as pm
+    import zmq
+    from traitlets.config import Config
+
+    settings = {"KernelManager": {"transport_encryption": "auto"}} if zmq.has("curve") else {}
+    pm.execute_notebook(str(source), str(target), config=Config(settings), **kwargs)
+
+
 def run_analysis(
     study_dir: str | Path,
     out_dir: str | Path | None = None,
@@ -35,7 +50,6 @@ def run_analysis(
     notebook is kept there too, so a reader sees the numbers behind every figure. Targets
     come from the study's ``plan.json``.
     """
-    import papermill as pm
     from tqdm.auto import tqdm
 
     study_dir = Path(study_dir).resolve()
@@ -51,11 +65,11 @@ def run_analysis(
         if targets and name == "56_critical_batch":
             params["targets"] = {task: values[0] for task, values in targets.items() if values}
         target = out / f"{name}.ipynb"
-        pm.execute_notebook(
-            str(REPO_ROOT / "notebooks" / f"{name}.ipynb"),
-            str(target),
+        execute_notebook(
+            notebook(name),  # the workspace's copy where there is one
+            target,
             parameters=params,
-            cwd=str(REPO_ROOT),
+            cwd=str(project_root()),
             progress_bar=False,
             kernel_name="python3",
         )
@@ -74,14 +88,19 @@ def refresh_committed_notebooks(
     messages depends on flush timing.
     """
     import nbformat
-    import papermill as pm
     from nbconvert.preprocessors import CoalesceStreamsPreprocessor
     from tqdm.auto import tqdm
 
+    root = checkout_root()
+    if root is None:
+        raise RuntimeError(
+            "the committed notebooks and the records they read (results/) are in a checkout of the repository; "
+            "an installed package has none to refresh: run `grpo-knobs analyze STUDY_DIR` on a study instead"
+        )
     written = []
     for name in tqdm(list(notebooks), desc="committed notebooks", disable=not progress):
-        path = REPO_ROOT / "notebooks" / f"{name}.ipynb"
-        pm.execute_notebook(str(path), str(path), cwd=str(REPO_ROOT), progress_bar=False, kernel_name="python3")
+        path = NOTEBOOKS / f"{name}.ipynb"
+        execute_notebook(path, path, cwd=str(root), progress_bar=False, kernel_name="python3")
         nb = nbformat.read(path, as_version=4)
         nb.metadata.pop("papermill", None)
         for cell in nb.cells:
@@ -93,17 +112,17 @@ def refresh_committed_notebooks(
     return written
 
 
-def write_parameters_cell(path: Path = REPO_ROOT / "notebooks" / "10_train.ipynb", check: bool = False) -> bool:
-    """Rewrite the ``parameters`` cell of the training notebook from RunConfig.
+def write_parameters_cell(path: str | Path | None = None, check: bool = False) -> bool:
+    """Rewrite the ``parameters`` cell of the training notebook (default: the workspace's copy where
+    there is one, else the shipped one) from RunConfig.
 
     Returns True when the cell already matched; with ``check`` nothing is written.
     """
-    import json
-
     from ..config import parameters_cell
 
-    notebook = json.loads(Path(path).read_text())
-    cells = [c for c in notebook["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    path = Path(path or notebook("10_train"))
+    nb = json.loads(path.read_text())
+    cells = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
     if len(cells) != 1:
         raise ValueError(f"{path} must have exactly one cell tagged 'parameters', found {len(cells)}.")
     source = parameters_cell()
@@ -111,5 +130,5 @@ def write_parameters_cell(path: Path = REPO_ROOT / "notebooks" / "10_train.ipynb
     if current == source or check:
         return current == source
     cells[0]["source"] = source.splitlines(keepends=True)
-    Path(path).write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n")
+    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
     return False

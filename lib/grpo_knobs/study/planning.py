@@ -1,4 +1,4 @@
-"""Plans: a preset (``studies/<preset>.yaml``) expanded into validated runs, terminal test jobs
+"""Plans: a preset (``grpo_knobs/studies/<preset>.yaml``) expanded into validated runs, terminal test jobs
 and the selection rule, before any run starts."""
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ import yaml
 
 from ..config import RunConfig
 from ..knobs import KNOB_NAMES, LR_FOLLOWUP_ARM, STUDY_ARMS, Arm
-from ..provenance import REPO_ROOT
+from ..locations import preset_dirs, project_root
 from ..records import read_json
 
-STUDIES_DIR = REPO_ROOT / "studies"
 TRAIN_PHASES = ("screening", "lr-followup", "confirmation")
 PHASE_ORDER = ("screening", "lr-followup", "selection", "confirmation", "test")
 # Ranking metrics of the selection rule and whether higher is better.
@@ -161,17 +160,19 @@ class Plan:
 # Loading and expanding a preset
 # ---------------------------------------------------------------------------------------
 def preset_path(preset_or_path: str | Path) -> Path:
-    """A preset name (``studies/<name>.yaml``) or a path to a plan file."""
+    """A path to a plan file, or a preset name: ``studies/<name>.yaml`` of the workspace, else of the package."""
     p = Path(preset_or_path)
     if p.suffix in (".yaml", ".yml") or p.exists():
         if not p.is_file():
             raise PlanError(f"Study plan file {p} does not exist.")
         return p
-    candidate = STUDIES_DIR / f"{preset_or_path}.yaml"
-    if not candidate.is_file():
-        known = ", ".join(sorted(q.stem for q in STUDIES_DIR.glob("*.yaml"))) or "none"
-        raise PlanError(f"Unknown study preset {preset_or_path!r}; presets in {STUDIES_DIR}: {known}.")
-    return candidate
+    folders = preset_dirs()
+    for folder in folders:
+        if (folder / f"{preset_or_path}.yaml").is_file():
+            return folder / f"{preset_or_path}.yaml"
+    known = ", ".join(sorted({q.stem for folder in folders for q in folder.glob("*.yaml")})) or "none"
+    where = " and ".join(str(folder) for folder in folders)
+    raise PlanError(f"Unknown study preset {preset_or_path!r}; presets in {where}: {known}.")
 
 
 def _substitute(node: Any, params: dict[str, Any]) -> Any:
@@ -464,7 +465,8 @@ def _targets(spec: dict, task: str) -> list[float]:
 
 
 def default_study_dir(name: str) -> Path:
-    return REPO_ROOT / "runs" / name
+    """``runs/<name>`` in the workspace, else in the checkout, else in the current directory."""
+    return project_root() / "runs" / name
 
 
 def plan(

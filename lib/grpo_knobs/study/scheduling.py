@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..locations import WORKSPACE_ENV, find_workspace
 from ..records import RunDir
 
 SCHEDULERS = ("local", "ray")
@@ -207,9 +208,13 @@ def _lost_task_error(ray, exc: Exception) -> str:
 
 
 def _runtime_env() -> dict[str, Any]:
-    """This library first on every task's path (a shared checkout), and the driver's GRPO_KNOBS_* settings."""
+    """This library first on every task's path (a shared checkout), the driver's GRPO_KNOBS_* settings and
+    its workspace."""
     lib = str(Path(__file__).resolve().parents[2])
     env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIX)}
+    workspace = find_workspace()
+    if workspace is not None:  # tasks start in another folder; they use the same notebooks
+        env[WORKSPACE_ENV] = str(workspace)
     env["PYTHONPATH"] = lib + os.pathsep + "${PYTHONPATH}"
     return {"env_vars": env}
 

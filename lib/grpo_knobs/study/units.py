@@ -16,11 +16,10 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..config import RunConfig
-from ..provenance import REPO_ROOT
+from ..locations import notebook
 from ..records import RunDir
 from ..runtime import DIE_WITH_PARENT_ENV
 
-TRAIN_NOTEBOOK = REPO_ROOT / "notebooks" / "10_train.ipynb"
 EXECUTORS = ("auto", "papermill", "inprocess")
 
 
@@ -45,7 +44,7 @@ def _resolve_executor(executor: str) -> str:
         import papermill  # noqa: F401
     except ImportError:
         return "inprocess"
-    return "papermill" if TRAIN_NOTEBOOK.exists() else "inprocess"
+    return "papermill" if notebook("10_train").exists() else "inprocess"
 
 
 def _subprocess_env(threads: int | None) -> dict[str, str]:
@@ -69,7 +68,7 @@ def _error_text(exc: BaseException) -> str:
 
 def _train_papermill(cfg: RunConfig) -> tuple[str | None, str | None]:
     """Execute 10_train.ipynb for one run; returns (error, failed notebook path)."""
-    import papermill as pm
+    from .notebooks import execute_notebook
 
     run_dir = cfg.run_dir
     staging = Path(cfg.output_dir) / ".running" / f"{cfg.run_id}.ipynb"
@@ -78,14 +77,15 @@ def _train_papermill(cfg: RunConfig) -> tuple[str | None, str | None]:
     # dies with this process instead of training on behind a rerun's back.
     os.environ["PYTHONPATH"] = _subprocess_env(None)["PYTHONPATH"]
     os.environ[DIE_WITH_PARENT_ENV] = "1"
+    source = notebook("10_train")  # the workspace's copy where there is one
     try:
         # The trainer refuses a non-empty new run directory, so the notebook is written beside
         # it while it runs and moved in afterwards.
-        pm.execute_notebook(
-            str(TRAIN_NOTEBOOK),
-            str(staging),
+        execute_notebook(
+            source,
+            staging,
             parameters=cfg.to_dict(),
-            cwd=str(TRAIN_NOTEBOOK.parent),
+            cwd=str(source.parent),
             progress_bar=False,
         )
     except Exception as exc:  # papermill saved the partially executed notebook first
