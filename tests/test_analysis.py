@@ -501,6 +501,16 @@ def test_write_table_csv_and_markdown(tmp_path):
     assert csv["val_pct"].tolist() == [81.640625] and csv["seed_diffs_pp"].tolist() == ["14.0; 0.0; -42.0"]
 
 
+def test_learning_rates_keep_their_digits_without_a_format(tmp_path):
+    table = pd.DataFrame({"lr": [2e-5, 2.828427e-5, 6.67e-6], "final_pct": [35.15625, 72.8515625, 30.0]})
+    an.write_table(table, tmp_path, "t")
+    assert (tmp_path / "t.md").read_text().splitlines()[2:] == [
+        "| 2e-05 | 35.16 |",
+        "| 2.83e-05 | 72.85 |",
+        "| 6.67e-06 | 30.00 |",
+    ]
+
+
 def test_figures_written_with_stable_names_and_identical_bytes(study, tmp_path):
     plots.configure()
     conf = _runs(study, "countdown")
