@@ -3,6 +3,7 @@ study, on hand-made frames, and on the study's published endpoints."""
 
 from __future__ import annotations
 
+import dataclasses
 import filecmp
 import importlib.util
 import io
@@ -481,6 +482,29 @@ def test_load_rollout_benchmark_forms(tmp_path):
         an.load_rollout_benchmark(tmp_path / "rollout-*.json")
 
 
+def test_study_summary_names_the_records_it_was_read_from(study, tmp_path):
+    assert an.study_summary(study, ROOT) == (
+        "study 'synthetic_study' (SYNTHETIC fixture data): records in tests/fixtures/synthetic_study; "
+        f"{len(study.runs)} complete runs of synthetic-model on an unrecorded device"
+    )
+    runs = study.runs.assign(model="smollm2-135m-instruct", gpu=None, device="cpu", synthetic=False)
+    runs.loc[runs.index[:3], ["model", "gpu"]] = ["qwen2.5-1.5b-instruct", "NVIDIA H200"]
+    smoke = dataclasses.replace(study, name="smoke", runs=runs, directory=tmp_path / "smoke")
+    # Outside the root the folder is shown as it is; mixed values are counted per run.
+    assert an.study_summary(smoke, ROOT) == (
+        f"study 'smoke': records in {tmp_path / 'smoke'}; {len(runs)} complete runs of smollm2-135m-instruct "
+        f"({len(runs) - 3} runs), qwen2.5-1.5b-instruct (3 runs) on cpu ({len(runs) - 3} runs), NVIDIA H200 (3 runs)"
+    )
+    one = dataclasses.replace(smoke, runs=runs.iloc[:1])
+    assert an.study_summary(one).endswith("; 1 complete run of qwen2.5-1.5b-instruct on NVIDIA H200")
+
+
+def test_study_summary_of_the_committed_study(h200_mini):
+    assert an.study_summary(h200_mini, ROOT) == (
+        "study 'h200-mini': records in results/h200-mini; 35 complete runs of smollm2-135m-instruct on NVIDIA H200"
+    )
+
+
 # --- writing tables and figures ---------------------------------------------
 def test_write_table_csv_and_markdown(tmp_path):
     table = pd.DataFrame(
@@ -500,6 +524,16 @@ def test_write_table_csv_and_markdown(tmp_path):
     )
     csv = pd.read_csv(tmp_path / "t.csv")
     assert csv["val_pct"].tolist() == [81.640625] and csv["seed_diffs_pp"].tolist() == ["14.0; 0.0; -42.0"]
+
+
+def test_learning_rates_keep_their_digits_without_a_format(tmp_path):
+    table = pd.DataFrame({"lr": [2e-5, 2.828427e-5, 6.67e-6], "final_pct": [35.15625, 72.8515625, 30.0]})
+    an.write_table(table, tmp_path, "t")
+    assert (tmp_path / "t.md").read_text().splitlines()[2:] == [
+        "| 2e-05 | 35.16 |",
+        "| 2.83e-05 | 72.85 |",
+        "| 6.67e-06 | 30.00 |",
+    ]
 
 
 def test_figures_written_with_stable_names_and_identical_bytes(study, tmp_path):
@@ -949,6 +983,46 @@ def test_categories_of_the_committed_countdown_records(h200_mini):
     assert (net["+"], net.sum()) == (36, 31)  # five seeds per recipe
 
 
+def test_one_category_plateau_is_read_on_the_problems_a_run_graded():
+    # Run "full" grades the whole split (2 of 4 problems are additions), run "sub" a subset (1 of 3).
+    evals = pd.DataFrame(
+        {
+            "run_id": ["full"] * 4 + ["sub"] * 3,
+            "task": "t",
+            "responses": 1024,
+            "problem_id": ["a1", "a2", "b1", "b2", "a1", "b1", "b2"],
+            "category": ["+", "+", "-", "-", "+", "-", "-"],
+            "correct": [1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0],
+        }
+    )
+    plateaus = an.one_category_plateaus(evals).set_index("run_id")
+    assert plateaus.loc["full", ["problems", "category"]].tolist() == [4, "+"]
+    assert plateaus.loc["full", "plateau_pct"] == pytest.approx(50.0)
+    assert plateaus.loc["sub", ["problems", "category"]].tolist() == [3, "-"]
+    assert plateaus.loc["sub", "plateau_pct"] == pytest.approx(200 / 3)
+    # Both runs solved exactly the additions they graded: 50% of the split, 33.3% of the subset.
+    exact = an.exact_category_solutions(evals)
+    assert exact[["category", "evaluations", "evaluations_at_accuracy"]].values.tolist() == [["+", 1, 1]] * 2
+    assert exact["accuracy_pct"].tolist() == pytest.approx([100 / 3, 50.0])
+
+
+def test_the_pilot_on_a_subset_is_judged_against_its_own_plateau():
+    pilot = an.load_study(ROOT / "results" / "task-pilot")
+    runs = pilot.runs[pilot.runs["task"] == "countdown-2x99"]
+    evals, notes = an.tag_categories(pilot.evals[pilot.evals["run_id"].isin(runs["run_id"])], runs)
+    assert not notes
+    plateaus = an.one_category_plateaus(evals).set_index("run_id")
+    # eval_problems=256: its 256 validation problems hold 101 addition problems (39.45%), the split 180 of 512.
+    assert plateaus["problems"].tolist() == [256, 256] and plateaus["category"].eq("+").all()
+    assert plateaus["plateau_pct"].tolist() == pytest.approx([100 * 101 / 256] * 2)
+    series = an.zero_advantage_series(pilot.collections, runs)
+    table = an.plateau_outcomes(
+        runs, pilot.curves, series, an.collapse_points(series), plateaus["plateau_pct"].to_dict()
+    )
+    fast = table[table["lr"] == 2e-5].iloc[0]
+    assert fast["final_pct"] == pytest.approx(100 * 101 / 256) and not fast["escaped"]
+
+
 def test_pool_facts_of_the_committed_countdown_records(h200_mini):
     runs = h200_mini.runs[h200_mini.runs["task"] == "countdown-2x10"]
     coverage = an.pool_coverage(h200_mini.collections, runs, 70).set_index("P")
@@ -999,11 +1073,32 @@ def test_collapse_ignores_the_all_wrong_start_and_reports_recovery():
         }
     )
     points = an.collapse_points(an.zero_advantage_series(collections, runs), an.CollapseRule(0.9, 1024))
-    assert points.loc[0, ["collapsed", "collapse_collection", "streak", "to_end"]].tolist() == [True, 4, 2, False]
+    # Two stretches: collections 4-5 (recovered at 6) and 7-9, which lasts to the end.
+    assert points.loc[0, ["collapsed", "collapse_collection", "streak", "stretches", "to_end"]].tolist() == [
+        True,
+        4,
+        2,
+        2,
+        True,
+    ]
+    assert points.loc[0, ["stretch_collections", "stretch_responses", "stretch_lengths"]].tolist() == [
+        (4, 7),
+        (2560, 4096),
+        (2, 3),
+    ]
     strict = an.collapse_points(an.zero_advantage_series(collections, runs), an.CollapseRule(0.9, 1536))
-    assert strict.loc[0, ["collapse_collection", "streak", "to_end"]].tolist() == [7, 3, True]
+    assert strict.loc[0, ["collapse_collection", "streak", "stretches", "to_end"]].tolist() == [7, 3, 1, True]
     table = pd.DataFrame({"task": ["t"], "arm": ["x"], "seed": [0]})
-    assert an.add_collapse_column(table, points)["collapsed"].iloc[0].endswith("recovered after 2 collections")
+    assert an.add_collapse_column(table, points)["collapsed"].iloc[0] == (
+        "at 2,560 responses (collection 4), recovered after 2 collections; "
+        "at 4,096 responses (collection 7), until the run ended"
+    )
+    # A run whose last collection is mixed again recovered from both stretches.
+    recovered = collections.assign(mixed_group_fraction=1 - np.array(zero[:9] + [0.5]))
+    twice = an.collapse_points(an.zero_advantage_series(recovered, runs), an.CollapseRule(0.9, 1024)).iloc[0]
+    assert (twice["stretch_collections"], twice["stretch_lengths"], twice["to_end"]) == ((4, 7), (2, 2), False)
+    fig = plots.collapse_figure(an.zero_advantage_series(collections, runs), points, ["x"], 0.9, "t")
+    assert fig.axes[0].collections[0].get_offsets().tolist() == [[2560, 95.0], [4096, 92.0]]  # an x per stretch
 
 
 def test_plateau_outcomes_separate_escape_from_collapse():
@@ -1186,13 +1281,38 @@ def test_confirmation_notebook_reports_the_change_from_three_to_five_seeds(tmp_p
     assert times.groupby("comparison")["rollout_path"].apply(sorted).tolist() == [["fused", "unrecorded"]] * 3
 
 
+def test_trainer_path_is_read_from_records_that_predate_it(tmp_path):
+    meta = json.loads((STUDY_DIR / "countdown-confirmation-onpolicy-small-s1" / "config.json").read_text())
+    assert "trainer_path" not in meta and "trainer_path" not in meta["config"]
+    collections = pd.DataFrame({"micro_batch_tokens_max": [4000.0, 30000.0]})
+    read = an.loading._trainer_path
+    assert read(meta, collections) == ("padded", "config predates trainer_path; padded was the only path")
+    asked = {**meta, "config": {**meta["config"], "trainer_path": "packed"}}
+    assert read(asked, collections)[0] == "packed"
+    auto = {**meta, "config": {**meta["config"], "trainer_path": "auto", "max_tokens_per_micro_batch": 8192}}
+    assert read(auto, collections)[0] == "packed"  # 30,000 tokens in one micro-batch: packed only
+    assert read(auto, collections.clip(upper=8000)) == ("unknown", "trainer_path=auto, unrecorded")
+    assert read({**auto, "trainer_path": "packed-liger"}, collections) == ("packed-liger", "recorded")
+
+
+def test_trainer_paths_of_the_committed_confirmation_runs(h200_mini):
+    runs = h200_mini.runs[h200_mini.runs["phase"] == "confirmation"].set_index(["task", "label", "seed"])
+    countdown = runs.loc["countdown-2x10"]
+    # Seeds 4 and 5 recorded trainer_path=auto in their config only; their updates ran as one micro-batch.
+    assert set(countdown.loc[countdown.index.get_level_values("seed") >= 4, "trainer_path"]) == {"packed"}
+    assert set(countdown.loc[countdown.index.get_level_values("seed") <= 3, "trainer_path"]) == {"padded"}
+    assert set(runs.loc["gsm8k", "trainer_path"]) == {"padded"}
+    note = an.trainer_path_note(h200_mini.runs, "countdown-2x10")
+    assert note.startswith("countdown-2x10: trainer path not recorded by 27 of 27 runs") and "packed for 6" in note
+
+
 def test_run_path_note_only_when_paths_mix(study):
     runs = _runs(study, "countdown").copy()
     assert an.run_path_note(runs, "countdown") is None
     runs["rollout_path"] = np.where(runs["seed"] == 3, "fused", None)
     assert an.run_path_note(runs, "countdown").startswith(
         "countdown: runs used more than one decode / trainer path "
-        "(runs per path: fused / unrecorded 3, unrecorded / unrecorded 6)"
+        "(runs per path: fused / padded 3, unrecorded / padded 6)"
     )
     runs["rollout_path"] = "fused"  # one decode path, two trainer paths
     runs["trainer_path"] = np.where(runs["seed"] == 1, "padded", "packed-liger")

@@ -1,5 +1,7 @@
-"""environment.yml and pyproject.toml describe the same environment."""
+"""What a user reads first: environment.yml and pyproject.toml agree, CI runs the README's test
+command, and the links of the docs resolve."""
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -40,3 +42,25 @@ def test_the_test_command_lints_and_checks_formatting():
     make = (ROOT / "Makefile").read_text()
     target = make[make.index("\ntest: setup") :].split("\n\n")[0]
     assert "ruff check ." in target and "ruff format --check ." in target
+
+
+def _heading_anchor(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_relative_link_of_the_docs_resolves():
+    broken = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists():
+                broken.append(f"{page.name}: {target}")
+            elif anchor and anchor not in {
+                _heading_anchor(h) for h in re.findall(r"^#+ (.*)$", linked.read_text(), re.M)
+            }:
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert broken == []

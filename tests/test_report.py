@@ -209,6 +209,8 @@ def test_report_of_a_study_analyzed_with_grpo_knobs(tmp_path, capsys):
     assert "Paired test comparisons" in text and '<table class="sortable">' in text
     assert "Notebooks executed" in text  # papermill's end time, kept in the executed copy
     assert "injected-parameters" not in text and "study_dir =" not in text
+    # the notebook names the study it ran on, from its records, not the committed one
+    assert f"records in {study}; 37 complete runs of synthetic-model" in text
 
 
 def test_report_without_executed_notebooks_says_what_to_run(tmp_path, capsys):

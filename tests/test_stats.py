@@ -94,6 +94,21 @@ def test_paired_bootstrap_p_le_zero_counts_resamples_at_or_below_zero():
     assert res.p_le_zero == pytest.approx(0.75**4, abs=0.01)
 
 
+def test_paired_bootstrap_p_le_zero_counts_ties_that_rounding_moves_off_zero():
+    # Ten seeds make per-problem differences of 0.1, 0.2 and -0.3, whose float sum is not exactly 0.
+    a = np.zeros((10, 3))
+    a[:1, 0], a[:2, 1] = 1.0, 1.0
+    b = np.zeros((10, 3))
+    b[:3, 2] = 1.0
+    diffs = (a - b).mean(axis=0)
+    draws = [diffs[list(idx)].mean() for idx in itertools.product(range(3), repeat=3)]
+    assert any(0 < d < 1e-12 for d in draws)  # the case the tolerance is for
+    # Enumerated over the 27 equally likely index draws: sums of 0.1 x + 0.2 y - 0.3 z at or below zero.
+    exact = np.mean([np.isclose(d, 0) or d < 0 for d in draws])
+    res = paired_bootstrap(a, b, n_resamples=100_000, seed=3)
+    assert res.p_le_zero == pytest.approx(exact, abs=0.01)
+
+
 @pytest.mark.parametrize("a_shape,b_shape", [((3, 10), (3, 11)), ((3, 10), (2, 10)), ((10,), (10,))])
 def test_paired_bootstrap_rejects_mismatched_shapes(a_shape, b_shape):
     with pytest.raises(ValueError, match="shape"):

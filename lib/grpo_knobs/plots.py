@@ -534,8 +534,8 @@ def collapse_figure(
     series: pd.DataFrame, points: pd.DataFrame, labels: Sequence[str], threshold: float, title: str
 ) -> Figure:
     """Zero-advantage share per collection of every run (one thin line each, colored by recipe), the
-    collapse threshold dashed and each collapse marked with an x; beside it the mean token entropy
-    where recorded.
+    collapse threshold dashed and the start of every collapse stretch marked with an x; beside it the
+    mean token entropy where recorded.
 
     ``series``: :func:`analysis.zero_advantage_series` for one task and phase;
     ``points``: :func:`analysis.collapse_points` of the same runs.
@@ -555,9 +555,9 @@ def collapse_figure(
             bx.plot(run["responses"], run["entropy_mean"], "-", lw=0.9, alpha=0.75, color=colors.get(label, "0.5"))
     for label in labels:  # one legend entry per recipe
         ax.plot([], [], "-", color=colors[label], label=label)
-    hit = points[points["collapsed"]].merge(
-        series, left_on=["run_id", "collapse_collection"], right_on=["run_id", "collection"], suffixes=("", "_s")
-    )
+    starts = points.loc[points["collapsed"], ["run_id", "stretch_collections"]].explode("stretch_collections")
+    starts = starts.astype({"stretch_collections": int}).rename(columns={"stretch_collections": "collection"})
+    hit = starts.merge(series, on=["run_id", "collection"])
     ax.scatter(
         hit["responses"], 100 * hit["zero_advantage_fraction"], marker="x", s=40, color="k", zorder=4, label="collapse"
     )

@@ -24,8 +24,9 @@ import numpy as np
 from scipy import special
 from scipy import stats as sps
 
-# Float slack for "at or above target": accuracies are ratios of counts, and a
-# value printed as the target must count as reaching it.
+# Float slack for comparisons of ratios of counts: a value printed as the target must count as
+# reaching it, and a resampled difference that is zero in exact arithmetic (e.g. 0.1 + 0.2 - 0.3)
+# must count as zero.
 _TARGET_ATOL = 1e-9
 # Resamples drawn per chunk, so problem-index matrices stay small in memory.
 _CHUNK = 1_000
@@ -41,6 +42,8 @@ class PairedBootstrap:
     ``ci_low_pp``/``ci_high_pp`` bound a problem-resampling interval that is
     conditional on the trained models: it measures uncertainty over problems,
     not over training seeds. ``per_seed_diff_pp`` has shape [seeds].
+    ``p_le_zero`` is the share of resampled differences at or below zero, ties
+    at zero included.
     """
 
     mean_diff_pp: float
@@ -170,7 +173,7 @@ def paired_bootstrap(
         ci_low_pp=100 * float(low),
         ci_high_pp=100 * float(high),
         per_seed_diff_pp=100 * diffs.mean(axis=1),
-        p_le_zero=float(np.mean(boot <= 0)),
+        p_le_zero=float(np.mean(boot <= _TARGET_ATOL)),
         n_resamples=n_resamples,
         confidence=confidence,
         method=method,

@@ -60,6 +60,7 @@ from grpo_knobs.analysis.categories import (
     category_sizes,
     category_test_table,
     exact_category_solutions,
+    one_category_plateaus,
     pool_coverage,
     problem_categories,
     shared_numbers,
@@ -101,6 +102,7 @@ from grpo_knobs.analysis.confirmation import (
     seed_level_comparisons,
     tested_pairs,
     tested_seeds,
+    trainer_path_note,
     truncation_range,
     truncation_table,
 )
@@ -140,6 +142,7 @@ from grpo_knobs.analysis.loading import (
     load_reward_audits,
     load_rollout_benchmark,
     load_study,
+    study_summary,
 )
 from grpo_knobs.analysis.ordering import order_tasks, recipe_order, sort_tasks
 from grpo_knobs.analysis.paths import notebook_setup, resolve_path
@@ -186,6 +189,7 @@ __all__ = [
     "category_sizes",
     "category_test_table",
     "exact_category_solutions",
+    "one_category_plateaus",
     "pool_coverage",
     "problem_categories",
     "shared_numbers",
@@ -243,6 +247,7 @@ __all__ = [
     "load_reward_audits",
     "load_rollout_benchmark",
     "load_study",
+    "study_summary",
     # curves
     "TRAINING_SIGNALS",
     "curve_endpoint_table",
@@ -269,6 +274,7 @@ __all__ = [
     "job_time_path_notes",
     "tested_pairs",
     "tested_seeds",
+    "trainer_path_note",
     # time_to_target
     "time_to_target_summary",
     "time_to_target_table",

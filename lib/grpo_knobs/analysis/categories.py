@@ -144,19 +144,22 @@ def category_decomposition(
 def exact_category_solutions(tagged_evals: pd.DataFrame) -> pd.DataFrame:
     """Evaluations whose correct set is exactly the problems of one category, per task and category.
 
-    One row per (task, category) that some evaluation matched: how many
-    evaluations (run and point) solved exactly that category's problems and
-    nothing else, out of all evaluations at that accuracy. A plateau at such an
-    accuracy is a policy that has learned one operation.
+    One row per (task, category, accuracy) that some evaluation matched: how many
+    evaluations (run and point) solved exactly that category's problems among
+    those it graded, and nothing else, out of all evaluations at that accuracy.
+    A plateau at such an accuracy is a policy that has learned one operation; an
+    evaluation of a subset of the split has its own plateau (the category's share
+    of that subset).
     """
     rows = []
     for task, part in tagged_evals.groupby("task"):
         members = part.drop_duplicates("problem_id").groupby("category")["problem_id"].agg(frozenset)
         for (_, _), ev in part.groupby(["run_id", "responses"]):
+            graded = frozenset(ev["problem_id"])
             solved = frozenset(ev.loc[ev["correct"] > 0, "problem_id"])
             for cat, ids in members.items():
-                if solved and solved == ids:
-                    rows.append({"task": task, "category": cat, "accuracy_pct": 100 * len(ids) / len(ev)})
+                if solved and solved == ids & graded:
+                    rows.append({"task": task, "category": cat, "accuracy_pct": 100 * len(solved) / len(ev)})
     if not rows:
         return pd.DataFrame(columns=["task", "category", "accuracy_pct", "evaluations", "evaluations_at_accuracy"])
     found = pd.DataFrame(rows).groupby(["task", "category", "accuracy_pct"]).size().rename("evaluations").reset_index()
@@ -166,6 +169,27 @@ def exact_category_solutions(tagged_evals: pd.DataFrame) -> pd.DataFrame:
         for r in found.itertuples()
     ]
     return found.assign(evaluations_at_accuracy=at_acc)
+
+
+def one_category_plateaus(tagged_evals: pd.DataFrame) -> pd.DataFrame:
+    """Per run: the most a policy that solves exactly one category can score on the problems the run's
+    last evaluation graded, i.e. the largest category's share of them in % (``plateau_pct``), with that
+    ``category`` and the number of ``problems``. A run evaluated on a subset of the split (e.g.
+    ``eval_problems=256``) gets the plateau of its subset, not of the whole split."""
+    rows = []
+    for run_id, part in tagged_evals.groupby("run_id", sort=False):
+        last = part[part["responses"] == part["responses"].max()].drop_duplicates("problem_id")
+        shares = last["category"].value_counts()
+        rows.append(
+            {
+                "run_id": run_id,
+                "task": last["task"].iloc[0],
+                "problems": len(last),
+                "category": shares.index[0],
+                "plateau_pct": 100 * shares.iloc[0] / len(last),
+            }
+        )
+    return pd.DataFrame(rows, columns=["run_id", "task", "problems", "category", "plateau_pct"])
 
 
 def pool_coverage(collections: pd.DataFrame, runs: pd.DataFrame, pool_size: int) -> pd.DataFrame:

@@ -64,14 +64,15 @@ def zero_advantage_series(collections: pd.DataFrame, runs: pd.DataFrame) -> pd.D
     return out.sort_values(["task", "phase", "label", "seed", "collection"], ignore_index=True)
 
 
-def _first_streak(values: np.ndarray, responses: np.ndarray, rule: CollapseRule) -> tuple[int | None, int]:
-    """Start index and length (collections) of the first qualifying streak in ``values`` [collections];
+def _streaks(values: np.ndarray, responses: np.ndarray, rule: CollapseRule) -> list[tuple[int, int]]:
+    """Start index and length (collections) of every qualifying streak in ``values`` [collections];
     ``responses`` [collections] are cumulative responses after each collection."""
     above = values >= rule.threshold
     below = np.flatnonzero(~above)
     if below.size == 0:
-        return None, 0
+        return []
     per_collection = np.diff(responses, prepend=0)  # [collections]
+    streaks = []
     i, n = int(below[0]) + 1, len(values)
     while i < n:
         if not above[i]:
@@ -81,67 +82,83 @@ def _first_streak(values: np.ndarray, responses: np.ndarray, rule: CollapseRule)
         while end < n and above[end]:
             end += 1
         if per_collection[i:end].sum() >= rule.min_responses:
-            return i, end - i
+            streaks.append((i, end - i))
         i = end
-    return None, 0
+    return streaks
+
+
+POINT_COLUMNS = [
+    "run_id",
+    "task",
+    "phase",
+    "label",
+    "arm",
+    "seed",
+    "collapsed",
+    "source",
+    "collections",
+    "collapse_collection",
+    "collapse_responses",
+    "streak",
+    "stretches",
+    "stretch_collections",
+    "stretch_responses",
+    "stretch_lengths",
+    "to_end",
+]
 
 
 def collapse_points(series: pd.DataFrame, rule: CollapseRule = CollapseRule()) -> pd.DataFrame:
-    """Per run: whether and when it collapsed under ``rule``.
+    """Per run: whether, when and how often it collapsed under ``rule``.
 
-    ``series`` comes from :func:`zero_advantage_series`. ``collapse_responses``
-    is the cumulative responses at the end of the streak's first collection;
-    ``streak`` its length in collections; ``to_end`` says it lasted to the
-    run's last collection (learning never resumed), otherwise the run
-    recovered.
+    ``series`` comes from :func:`zero_advantage_series`. Every collapse stretch
+    of a run is listed: ``stretch_collections`` and ``stretch_responses`` (the
+    collection, and the cumulative responses at its end, where each stretch
+    starts) and ``stretch_lengths`` (collections), all [stretches];
+    ``collapse_collection``, ``collapse_responses`` and ``streak`` repeat the
+    first. ``to_end`` says the last stretch lasted to the run's last
+    collection (the run ended collapsed); otherwise every stretch recovered.
     """
     rows = []
     for run_id, g in series.groupby("run_id", sort=False):
         g = g.sort_values("collection")
-        start, length = _first_streak(g["zero_advantage_fraction"].to_numpy(), g["responses"].to_numpy(), rule)
+        found = _streaks(g["zero_advantage_fraction"].to_numpy(), g["responses"].to_numpy(), rule)
+        starts = [start for start, _ in found]
         first = g.iloc[0]
         row = {k: first[k] for k in ("run_id", "task", "phase", "label", "arm", "seed")}
-        row |= {"collapsed": start is not None, "source": first["source"], "collections": len(g)}
-        if start is None:
-            row |= {"collapse_collection": np.nan, "collapse_responses": np.nan, "streak": 0, "to_end": False}
-        else:
-            row |= {
-                "collapse_collection": int(g["collection"].iloc[start]),
-                "collapse_responses": int(g["responses"].iloc[start]),
-                "streak": length,
-                "to_end": start + length == len(g),
-            }
+        row |= {
+            "collapsed": bool(found),
+            "source": first["source"],
+            "collections": len(g),
+            "collapse_collection": int(g["collection"].iloc[starts[0]]) if found else np.nan,
+            "collapse_responses": int(g["responses"].iloc[starts[0]]) if found else np.nan,
+            "streak": found[0][1] if found else 0,
+            "stretches": len(found),
+            "stretch_collections": tuple(int(c) for c in g["collection"].iloc[starts]),
+            "stretch_responses": tuple(int(r) for r in g["responses"].iloc[starts]),
+            "stretch_lengths": tuple(length for _, length in found),
+            "to_end": bool(found) and sum(found[-1]) == len(g),
+        }
         rows.append(row)
-    return pd.DataFrame(
-        rows,
-        columns=[
-            "run_id",
-            "task",
-            "phase",
-            "label",
-            "arm",
-            "seed",
-            "collapsed",
-            "source",
-            "collections",
-            "collapse_collection",
-            "collapse_responses",
-            "streak",
-            "to_end",
-        ],
-    )
+    return pd.DataFrame(rows, columns=POINT_COLUMNS)
 
 
 def describe_collapse(points: pd.DataFrame) -> pd.Series:
-    """One display string per run: "no", or "at 6,144 responses (collection 11), to the end"."""
+    """One display string per run: "no", or every stretch in order, e.g. "at 6,016 responses (collection 46),
+    recovered after 18 collections; at 12,416 responses (collection 96), until the run ended"."""
     if points.empty:
         return pd.Series([], dtype=str)
 
     def text(r: pd.Series) -> str:
         if not r["collapsed"]:
             return "no"
-        tail = "until the run ended" if r["to_end"] else f"recovered after {r['streak']} collections"
-        return f"at {r['collapse_responses']:,.0f} responses (collection {r['collapse_collection']:.0f}), {tail}"
+        parts = []
+        stretches = zip(r["stretch_collections"], r["stretch_responses"], r["stretch_lengths"])
+        for i, (collection, responses, length) in enumerate(stretches):
+            last = i == r["stretches"] - 1
+            tail = "until the run ended" if last and r["to_end"] else f"recovered after {length} collections"
+            parts.append(f"at {responses:,} responses (collection {collection}), {tail}")
+        return "; ".join(parts)
 
     return points.apply(text, axis=1)
 
@@ -167,8 +184,9 @@ def plateau_outcomes(
     ``curves`` from :func:`eval_curves`, ``series`` and ``points`` from
     :func:`zero_advantage_series` / :func:`collapse_points`. A run *escaped*
     when its last validation accuracy exceeds ``plateau_pct`` (the accuracy of
-    a policy that solves exactly one category; a number, or one per task) by
-    more than ``margin_pp`` points. The zero-advantage share and entropy are
+    a policy that solves exactly one category; a number, or one per run ID,
+    :func:`one_category_plateaus` on the problems each run graded) by more than
+    ``margin_pp`` points. The zero-advantage share and entropy are
     means over its last ``last_collections`` collections (entropy: nats per
     sampled token).
     """
@@ -181,7 +199,7 @@ def plateau_outcomes(
             continue
         tail = z.tail(last_collections)
         final = 100 * float(c["accuracy"].iloc[-1])
-        plateau = plateau_pct[run.task] if isinstance(plateau_pct, Mapping) else plateau_pct
+        plateau = plateau_pct[run.run_id] if isinstance(plateau_pct, Mapping) else plateau_pct
         rows.append(
             {
                 "task": run.task,

@@ -100,8 +100,9 @@ PATH_COLUMNS = ("rollout_path", "trainer_path")
 
 
 def _run_paths(runs: pd.DataFrame) -> pd.DataFrame:
-    """Each run's recorded decode and trainer path ([runs, 2]), and ``_path``, one label for the pair
-    (e.g. "fused / packed-liger"); a field a record predates reads "unrecorded"."""
+    """Each run's decode and trainer path ([runs, 2]), and ``_path``, one label for the pair
+    (e.g. "fused / packed-liger"); a decode path a record predates reads "unrecorded" (the trainer
+    path of such records is read from them by :func:`load_study`)."""
     missing = pd.Series(None, index=runs.index, dtype=object)
     paths = pd.DataFrame({c: runs.get(c, missing).fillna("unrecorded").astype(str) for c in PATH_COLUMNS})
     return paths.assign(_path=paths["rollout_path"] + " / " + paths["trainer_path"])
@@ -141,6 +142,20 @@ def run_path_note(runs: pd.DataFrame, task: str) -> str | None:
     )
 
 
+def trainer_path_note(runs: pd.DataFrame, task: str) -> str | None:
+    """A line saying how the trainer paths the task's runs did not record were read from their records
+    (``trainer_path_source`` of :func:`load_study`), with run counts; None when every run recorded its path."""
+    task_runs = runs[runs["task"] == task]
+    if "trainer_path_source" not in task_runs:
+        return None
+    read = task_runs[task_runs["trainer_path_source"] != "recorded"]
+    if read.empty:
+        return None
+    counts = read.groupby(["trainer_path", "trainer_path_source"], sort=True).size()
+    parts = "; ".join(f"{path} for {n} ({source})" for (path, source), n in counts.items())
+    return f"{task}: trainer path not recorded by {len(read)} of {len(task_runs)} runs, read from the records: {parts}"
+
+
 def job_time_path_notes(runs: pd.DataFrame, task: str, pairs: Sequence[tuple[str, str]]) -> list[str]:
     """One line per pair whose seed pairs include runs on different decode or trainer paths (left out
     of :func:`paired_job_times`, since job time depends on both); empty when every seed pair shares one."""
@@ -161,7 +176,7 @@ def paired_job_times(runs: pd.DataFrame, task: str, pairs: Sequence[tuple[str, s
     "time reduction": 1 - x / y, positive when ``x`` finishes sooner).
 
     Job time depends on how a run generated (``rollout_path``) and trained (``trainer_path``);
-    runs that predate a record count as "unrecorded" there. A seed pair counts only when both
+    runs that predate the decode path's record count as "unrecorded" there. A seed pair counts only when both
     runs share both paths, and each (decode, trainer) path gets its own row
     (:func:`job_time_path_notes` lists the seed pairs left out). A pair without such a seed is
     left out.

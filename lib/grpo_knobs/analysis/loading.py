@@ -76,6 +76,7 @@ class Study:
     skipped: pd.DataFrame
     selection: dict | None = None
     audits: dict[str, pd.DataFrame] = field(default_factory=dict)
+    directory: Path | None = None  # the study directory the records were read from
 
     @property
     def synthetic(self) -> bool:
@@ -145,13 +146,38 @@ def _run_config_row(meta: dict) -> dict:
         "prompts_exposed": plan.get("prompts_exposed"),
         "fast_rollout": cfg.get("fast_rollout"),
         "rollout_path": meta.get("rollout_path"),  # eager / fast / fused; absent from older records
-        "trainer_path": meta.get("trainer_path"),  # padded / packed / packed-liger / packed-compiled; likewise
         "device": meta.get("device"),
         "gpu": meta.get("gpu"),
         "synthetic": bool(cfg.get("synthetic", False)) or str(meta.get("study", "")).startswith("synthetic"),
     }
     row["label"] = row["recipe"] or row["arm"]
     return row
+
+
+def _trainer_path(meta: dict, collections: pd.DataFrame) -> tuple[str, str]:
+    """The trainer path a run ran (padded / packed / packed-liger / packed-compiled) and how it is known.
+
+    A run records the path it resolved (``trainer_path`` beside ``config``) since ``auto`` could
+    pick packed-liger. Older records are read from their config and the code of their time:
+    a config without the field predates the packed path, when padded was the only one; a path other
+    than ``auto`` is the one that ran (one that cannot run stops the run before it starts); ``auto``
+    then meant packed where the model allows it, else padded, and only the packed path's memory-sized
+    micro-batches hold more tokens than ``max_tokens_per_micro_batch``, so an update that did is
+    packed. Otherwise the path is unknown.
+    """
+    if meta.get("trainer_path"):
+        return meta["trainer_path"], "recorded"
+    cfg = meta["config"]
+    asked = cfg.get("trainer_path")
+    if asked is None:
+        return "padded", "config predates trainer_path; padded was the only path"
+    if asked != "auto":
+        return asked, f"trainer_path={asked} in the config"
+    most = collections.get("micro_batch_tokens_max", pd.Series(dtype=float)).max()
+    limit = cfg.get("max_tokens_per_micro_batch")
+    if cfg.get("micro_batch_size") is None and limit and most > limit:
+        return "packed", "trainer_path=auto, unrecorded; micro-batches above max_tokens_per_micro_batch"
+    return "unknown", "trainer_path=auto, unrecorded"
 
 
 def _load_collections(path: Path, run_id: str) -> pd.DataFrame:
@@ -168,6 +194,11 @@ def _load_collections(path: Path, run_id: str) -> pd.DataFrame:
             for key in ("clip_fraction", "approx_kl", "grad_norm"):
                 vals = [u[key] for u in per_update if u.get(key) is not None]
                 rec[f"{key}_mean"] = float(np.mean(vals)) if vals else np.nan
+            # each update's mean tokens per micro-batch, the largest: tells a packed run that did not record its path
+            sizes = [
+                u["tokens"] / u["micro_batches"] for u in per_update if u.get("tokens") and u.get("micro_batches")
+            ]
+            rec["micro_batch_tokens_max"] = max(sizes) if sizes else np.nan
             rec["run_id"] = run_id
             rows.append(rec)
     frame = pd.DataFrame(rows)
@@ -280,6 +311,7 @@ def load_study(study_dir: str | Path, statuses: Sequence[str] = ("complete",)) -
             skipped.append({"run_id": row["run_id"], "status": f"{status}, but no {' or '.join(missing)}"})
             continue
         c = _load_collections(run_dir / "collections.jsonl", row["run_id"])
+        row["trainer_path"], row["trainer_path_source"] = _trainer_path(meta, c)
         timings_path = run_dir / "timings.json"
         timings = _read_json(timings_path) if timings_path.is_file() else _timings_so_far(c)
         row.update(status=status, collections_done=len(c), **_run_totals(c, timings))
@@ -309,6 +341,34 @@ def load_study(study_dir: str | Path, statuses: Sequence[str] = ("complete",)) -
         skipped=pd.DataFrame(skipped, columns=["run_id", "status"]),
         selection=_read_json(selection_path) if selection_path.is_file() else None,
         audits=load_reward_audits(root),
+        directory=root,
+    )
+
+
+def _counted(values: pd.Series, missing: str) -> str:
+    """ "a" for one distinct value, else "a (3 runs), b (2 runs)"; missing values read ``missing``."""
+    counts = values.fillna(missing).astype(str).value_counts()
+    if len(counts) == 1:
+        return counts.index[0]
+    return ", ".join(f"{value} ({n} runs)" for value, n in counts.items())
+
+
+def study_summary(study: Study, root: str | Path | None = None) -> str:
+    """Which study a notebook's outputs describe, read from its records: the study's name, its records
+    folder (relative to ``root`` when inside it), the model, where the runs trained (the GPU they
+    recorded, else their device) and how many complete runs there are."""
+    folder = "unknown folder"
+    if study.directory is not None:
+        folder = str(study.directory)
+        if root is not None and study.directory.resolve().is_relative_to(Path(root).resolve()):
+            folder = str(study.directory.resolve().relative_to(Path(root).resolve()))
+    runs = study.runs
+    where = runs["gpu"].where(runs["gpu"].notna(), runs["device"]) if len(runs) else runs["gpu"]
+    synthetic = " (SYNTHETIC fixture data)" if study.synthetic else ""
+    count = f"{len(runs)} complete run{'s' if len(runs) != 1 else ''}"
+    return (
+        f"study {study.name!r}{synthetic}: records in {folder}; {count} of "
+        f"{_counted(runs['model'], 'an unrecorded model')} on {_counted(where, 'an unrecorded device')}"
     )
 
 

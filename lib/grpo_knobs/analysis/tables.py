@@ -9,11 +9,15 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
+# Columns whose values fixed decimals would round away: a learning rate keeps three significant digits.
+COLUMN_FORMATS = {"lr": ".3g"}
+
 
 def format_frame(table: pd.DataFrame, decimals: int = 2, formats: Mapping[str, str] | None = None) -> pd.DataFrame:
-    """Cells as display strings: floats to ``decimals`` places unless ``formats`` gives a
-    column its own format spec (e.g. ``{"lr": ".1e"}``); NaN shows as "n/a"."""
-    formats = dict(formats or {})
+    """Cells as display strings: floats to ``decimals`` places unless ``formats`` (or
+    :data:`COLUMN_FORMATS`) gives a column its own format spec (e.g. ``{"lr": ".1e"}``); NaN
+    shows as "n/a"."""
+    formats = {**COLUMN_FORMATS, **(formats or {})}
 
     def column(col: pd.Series) -> pd.Series:
         spec = formats.get(col.name, f".{decimals}f")

@@ -49,7 +49,7 @@ import torch
 
 from .base import Generation, RolloutEngine, cut_at_stop, repeat_prompts
 
-# The SGLang releases whose launch flags and HTTP shapes this client was checked against (README, "SGLang").
+# The SGLang releases whose launch flags and HTTP shapes this client was checked against (docs/gpu.md, "SGLang").
 SGLANG_TESTED = ">=0.5.20,<=0.5.23"
 # Flags `launch_command` sets from the settings; extra arguments may not repeat them.
 OWN_FLAGS = (
