@@ -108,3 +108,13 @@ def test_no_import_cycles_in_the_library():
 def test_the_cycle_check_finds_a_cycle_through_a_function_level_import():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_planning_a_study_imports_no_torch():
+    """`grpo-knobs plan` and a study's driver start without torch (about 1.5 s of imports); runs import it."""
+    import subprocess
+    import sys
+
+    probe = "import sys, grpo_knobs.cli, grpo_knobs.study; print(sorted({'torch', 'numpy'} & set(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert proc.stdout.split() == ["['numpy']"]  # numpy: the batch plan's arithmetic
