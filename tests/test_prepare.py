@@ -103,6 +103,7 @@ def test_warm_up_runs_a_run_piece_through_the_public_entry_points(tmp_path):
         rollout_batch_size=2,
         n_samples_per_prompt=2,
         global_batch_size=2,
+        eval_problems=3,
         max_new_tokens=4,
         eval_max_new_tokens=6,
         output_dir=str(tmp_path / "never-written"),
@@ -113,7 +114,7 @@ def test_warm_up_runs_a_run_piece_through_the_public_entry_points(tmp_path):
     from grpo_knobs.models import load_model
 
     _, tokenizer, _ = load_model("tiny-random")
-    problems = load_split(cfg.task, "train") + load_split(cfg.task, "validation")
+    problems = load_split(cfg.task, "train") + load_split(cfg.task, "validation")[:3]  # the problems a run sees
     longest = max(len(p) for p in encode_prompts(problems, tokenizer))
     assert done == {
         "model": "tiny-random",
@@ -123,7 +124,7 @@ def test_warm_up_runs_a_run_piece_through_the_public_entry_points(tmp_path):
         "decode_steps": longest + 6 - 1,  # the longer of the training and evaluation caps
     }
     assert [line.split(":")[0] for line in said] == [
-        f"  greedy decode, 4 rows x {longest + 5} tokens",
+        f"  greedy decode, 3 rows x {longest + 5} tokens",  # an evaluation's width: one row per problem
         f"  sampled (T=1) decode, 4 rows x {longest + 5} tokens",
         "  one collection (4 responses), updates, weight sync",
     ]

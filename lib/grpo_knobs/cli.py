@@ -57,10 +57,10 @@ def _cmd_prepare(a: argparse.Namespace) -> int:
     print(
         f"prepared {done['model']} on {done['gpu']} in {done['seconds']:.1f} s: decode path {done['rollout_path']}, "
         f"trainer path {done['trainer_path']}, attended caches up to {done['longest_prompt']} prompt + "
-        f"{a.max_new_tokens} response tokens"
+        f"{done['decode_steps'] - done['longest_prompt'] + 1} response tokens"
     )
     for name, (folder, added) in done["caches"].items():
-        print(f"  {name}: {folder or 'its default folder'} (+{added} files)")
+        print(f"  {name}: {folder} (+{added} files)" if folder else f"  {name}: unset, its own default (not counted)")
     return 0
 
 

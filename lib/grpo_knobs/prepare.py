@@ -42,6 +42,8 @@ def prepare(
 
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be a positive number of tokens, got {max_new_tokens}.")
+    if "max_new_tokens" in overrides:
+        raise ValueError("set the response length with --max-new-tokens, not -p max_new_tokens.")
     cfg = RunConfig.from_dict({**overrides, "max_new_tokens": max_new_tokens})
     if resolve_device(cfg.device).type != "cuda":
         return None
@@ -64,9 +66,9 @@ def warm_up(cfg: RunConfig, say: Callable[[str], None] = print) -> dict[str, Any
     """A short piece of the run ``cfg`` on its device, records written nowhere.
 
     Generation covers every attended-cache length a run with responses up to ``cfg.max_new_tokens``
-    (or ``eval_max_new_tokens``) reaches: a one-token prompt decoded, greedy and sampled with EOS
-    ignored, for the task's longest prompt plus that many steps. Then one collection, its updates and
-    the weight sync.
+    (or ``eval_max_new_tokens``) reaches: a one-token prompt decoded with EOS ignored for the task's
+    longest prompt plus that many steps, greedy at an evaluation's width and sampled at a collection's.
+    Then one collection (EOS on, so it narrows as rows finish), its updates and the weight sync.
     """
     from .evaluation import encode_prompts
     from .runtime import deterministic_mode, sync_cuda
@@ -82,8 +84,12 @@ def warm_up(cfg: RunConfig, say: Callable[[str], None] = print) -> dict[str, Any
         # A one-token prompt attends to the first cache block; longest + max_new_tokens - 1 steps reach
         # the longest cache any batch of this task attends to, in training or evaluation.
         steps = longest + max(cfg.max_new_tokens, cfg.eval_max_new_tokens or 0) - 1
-        rows = cfg.rollout_batch_size * cfg.n_samples_per_prompt
-        for temperature in (0.0, cfg.temperature):
+        # at the widths a run starts them at: an evaluation's (greedy, one row per problem) and a collection's
+        widths = {
+            0.0: min(len(trainer.val_problems), cfg.max_concurrent_sequences),
+            cfg.temperature: min(cfg.rollout_batch_size * cfg.n_samples_per_prompt, cfg.max_concurrent_sequences),
+        }
+        for temperature, rows in widths.items():
             t = time.perf_counter()
             trainer.engine.generate(
                 [prompts[0][:1]], n=rows, max_new_tokens=steps, temperature=temperature, seed=cfg.seed, ignore_eos=True
