@@ -49,6 +49,41 @@ def test_entry_points_cache_compiled_kernels_beside_the_models(tmp_path, entry_p
     }
 
 
+COMPILE = """
+import json, sys
+import grpo_knobs  # what every entry point imports first
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+@triton.jit
+def _double(x_ptr, n, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) * 2, mask=i < n)
+
+source = ASTSource(_double, {"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}, constexprs={"BLOCK": 64})
+print("cubin" in triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm)
+"""
+
+
+def test_a_kernel_compiled_once_is_read_from_the_cache_by_the_next_process(tmp_path):
+    """Triton compiles ahead of time for a named GPU without one (tests/test_kernels_compile.py)."""
+    pytest.importorskip("triton")
+    script = tmp_path / "compile.py"  # a file: triton.jit reads the kernel's source
+    script.write_text(COMPILE)
+    env = {k: v for k, v in _env(tmp_path).items() if k != "TRITON_INTERPRET"}  # the compiler, not the interpreter
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0 and proc.stdout.split() == ["True"], proc.stderr[-2000:]
+        files = sorted(p for p in (tmp_path / "cache").rglob("*") if p.is_file())
+        runs.append([(p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in files])
+    assert any(p.suffix == ".cubin" for p, _ in runs[0])
+    assert all(p.parts[:2] == ("cache", "triton") for p, _ in runs[0])
+    assert runs[1] == runs[0]  # the second process wrote nothing (a compile rewrites its files): it read them
+
+
 def test_a_cache_folder_the_user_chose_is_kept(tmp_path):
     env = _env(tmp_path, TRITON_CACHE_DIR=str(tmp_path / "mine"))
     proc = subprocess.run([sys.executable, "-c", PROBE, "grpo_knobs.cli"], env=env, capture_output=True, text=True)
