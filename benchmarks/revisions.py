@@ -9,6 +9,7 @@ folder beside links to this checkout's, and the data's manifest hashes still che
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import shutil
@@ -46,9 +47,8 @@ class Code:
         """The grpo_knobs folder the arm imports."""
         if self.lib is not None:
             return self.lib / "grpo_knobs"
-        import grpo_knobs
-
-        return Path(grpo_knobs.__file__).resolve().parent
+        spec = importlib.util.find_spec("grpo_knobs")  # found, not imported: importing it sets variables
+        return Path(spec.origin).resolve().parent
 
 
 def parse_arm(text: str) -> tuple[str, dict[str, str]]:
