@@ -5,21 +5,26 @@ countdown-2x10) in a fresh process, as a study runs it, with the arm's overrides
 phase's seconds per arm and its ratio to the first arm, then what each run learned (so a faster setting
 is seen to learn within the same spread). ``--compare A,B`` runs ``grpo-knobs compare-runs`` on two
 arms; ``--archive`` adds each run's records (not its checkpoint) to a tar file as soon as it finishes.
+An arm can run another code revision (benchmarks/revisions.py): ``code=DIR``, a folder holding that
+revision's ``lib/``, or ``rev=GITREV``, exported from this checkout's git with ``git archive`` under
+``--out``; each run's recorded source hash is checked against the library the arm was given.
 
     python -m benchmarks.recipe --out runs/recipe --arm det-s1:deterministic=true,seed=1 \\
         --arm default-s1:seed=1 --compare det-s1,default-s1
+    python -m benchmarks.recipe --out runs/before-after --arm before:rev=main,seed=1 --arm after:seed=1
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tarfile
 import time
 from pathlib import Path
+
+from benchmarks.revisions import Code, code_for_arm, parse_arm
 
 RECIPE = {
     "task": "countdown-2x10",
@@ -44,32 +49,30 @@ RECORDS = (
 )
 
 
-def parse_arm(text: str) -> tuple[str, dict[str, str]]:
-    """``name:key=value,key=value`` -> (name, overrides)."""
-    name, _, rest = text.partition(":")
-    pairs = [p for p in rest.split(",") if p]
-    bad = [p for p in pairs if "=" not in p]
-    if not name or bad:
-        raise SystemExit(f"--arm {text!r}: expected NAME:key=value,key=value")
-    return name, dict(p.split("=", 1) for p in pairs)
+def run_arm(name: str, overrides: dict[str, str], out: Path, base: dict, code: Code) -> dict:
+    from grpo_knobs.provenance import source_sha256
 
-
-def run_arm(name: str, overrides: dict[str, str], out: Path, base: dict) -> dict:
     params = {k: str(v) for k, v in base.items()} | overrides | {"output_dir": str(out), "run_id": name}
     cmd = [sys.executable, "-m", "grpo_knobs.cli", "train", "--no-progress"]
     cmd += [a for k, v in params.items() for a in ("-p", f"{k}={v}")]
     start = time.perf_counter()
     with open(out / f"{name}.log", "w") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=code.env())
     wall = time.perf_counter() - start
     run = out / name
     row = {"arm": name, "overrides": overrides, "returncode": proc.returncode, "process_seconds": wall}
+    row["code"] = {"label": code.label, "lib": str(code.lib or ""), "commit": code.commit}
+    row["code"]["source_sha256"] = source_sha256(code.package_dir())
     if proc.returncode == 0:
         row["timings"] = json.loads((run / "timings.json").read_text())
         row["learning"] = learning(run)
+        recorded = json.loads((run / "config.json").read_text()).get("source_sha256")
+        # None: a revision that records no source hash
+        row["code"]["ran"] = None if recorded is None else recorded == row["code"]["source_sha256"]
     print(
-        f"{name}: exit {proc.returncode}, {wall:.1f} s"
+        f"{name} ({code.label}): exit {proc.returncode}, {wall:.1f} s"
         + (f", job {row['timings']['job']:.1f} s" if "timings" in row else "")
+        + ("; its recorded source hash is not that code's: PYTHONPATH?" if row["code"].get("ran") is False else "")
     )
     return row
 
@@ -130,9 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     base = RECIPE | dict(kv.split("=", 1) for kv in a.base)
     arms = [parse_arm(x) for x in a.arm]
     a.out.mkdir(parents=True, exist_ok=True)
+    codes = [code_for_arm(name, overrides, a.out) for name, overrides in arms]  # every arm checked first
     rows = []
-    for name, overrides in arms:
-        rows.append(run_arm(name, overrides, a.out, base))
+    for (name, overrides), code in zip(arms, codes):
+        rows.append(run_arm(name, overrides, a.out, base, code))
         if a.archive:
             archive(a.out / name, a.archive)
         if a.json:
@@ -146,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             text=True,
         )
         print(f"\ncompare-runs {x} {y} (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}", end="")
-    return 0 if all(r["returncode"] == 0 for r in rows) else 1
+    return 0 if all(r["returncode"] == 0 and r["code"]["ran"] is not False for r in rows) else 1
 
 
 if __name__ == "__main__":

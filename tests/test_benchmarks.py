@@ -1,7 +1,8 @@
-"""The rollout benchmark runs end to end on CPU with the tiny model and writes its documented fields."""
+"""The benchmarks run end to end on CPU with the tiny model and write their documented fields."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -318,3 +319,102 @@ def test_trl_peer_script_cpu(tmp_path):
     assert r["responses"] == 8 and r["updates"] == 4 and r["completed"] and r["seconds_per_1024_responses"] > 0
     assert [c["responses"] for c in r["reward_curve"]] == [4, 8]  # one reward entry per generation of P x G
     assert r["validation_problems"] == 4
+
+
+def _other_revision(tmp_path) -> Path:
+    """A folder holding a copy of lib/ whose source differs from this checkout's by one comment."""
+    folder = tmp_path / "other"
+    shutil.copytree(ROOT / "lib", folder / "lib", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    with open(folder / "lib" / "grpo_knobs" / "__init__.py", "a") as f:
+        f.write("# another revision\n")
+    return folder
+
+
+def _bench(module: str, *args: str) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",  # tiny models on shared cores: threads only wait for each other
+    }
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_recipe_runs_an_arm_on_another_revision_cpu(tmp_path):
+    from grpo_knobs.provenance import source_sha256
+
+    other = _other_revision(tmp_path)
+    tiny = dict(
+        model="tiny-random",
+        device="cpu",
+        rollout_batch_size=2,
+        n_samples_per_prompt=2,
+        global_batch_size=4,
+        response_budget=8,
+        eval_every_responses=4,
+        eval_problems=2,
+        max_new_tokens=8,
+        resume_every_collections=0,
+    )
+    args = ["--out", str(tmp_path / "runs"), "--json", str(tmp_path / "r.json")]
+    args += [a for k, v in tiny.items() for a in ("--base", f"{k}={v}")]
+    proc = _bench("benchmarks.recipe", *args, "--arm", "here", "--arm", f"there:code={other},seed=2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    here, there = json.loads((tmp_path / "r.json").read_text())
+    assert here["code"]["label"] == "this checkout" and there["code"]["label"].startswith(f"code={other}")
+    assert there["overrides"] == {"seed": "2"}  # code= is the arm's library, not a run parameter
+    expected = source_sha256(other / "lib" / "grpo_knobs")
+    assert expected != source_sha256(ROOT / "lib" / "grpo_knobs")
+    assert there["code"]["source_sha256"] == expected and here["code"]["ran"] and there["code"]["ran"]
+    recorded = json.loads((tmp_path / "runs" / "there" / "config.json").read_text())
+    assert recorded["source_sha256"] == expected and recorded["config"]["seed"] == 2  # the copy's code ran
+    assert "there (code=" in proc.stdout and "x)" in proc.stdout.split("phase (s)")[1]  # ratios to the first arm
+
+    bad = _bench("benchmarks.recipe", *args, "--arm", "here", "--arm", "gone:rev=no-such-revision-0123")
+    assert bad.returncode == 1 and bad.stdout == ""  # refused before the first arm ran
+    assert bad.stderr.strip().startswith("--arm gone: rev=no-such-revision-0123:") and "code=DIR" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_decode_widths_side_by_side_cpu(tmp_path):
+    other = _other_revision(tmp_path)
+    out = tmp_path / "widths" / "widths.json"
+    proc = _bench(
+        "benchmarks.decode_widths",
+        *("--out", str(out), "--model", "tiny-random", "--widths", "2,4", "--new-tokens", "4", "--repeats", "1"),
+        *("--device", "cpu", "--arm", f"before:code={other}", "--arm", "after"),
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [(r["arm"], r["width"], r["mode"]) for r in rows] == [
+        (arm, w, mode) for arm in ("before", "after") for w in (2, 4) for mode in ("greedy", "sampled")
+    ]
+    for r in rows:
+        assert r["ran"] and r["gpu"] == "cpu" and r["model"] == "tiny-random" and r["path"] == "eager"
+        assert r["ms_per_step"] > 0 and r["text_ms_per_step"] > 0 and r["new_tokens"] == 4
+        before = next(b for b in rows if b["arm"] == "before" and (b["width"], b["mode"]) == (r["width"], r["mode"]))
+        assert r["over_first"] == r["ms_per_step"] / before["ms_per_step"]
+    assert rows[0]["code"] == f"code={other} (data from this checkout)" and rows[-1]["code"] == "this checkout"
+    table = proc.stdout.split("EOS ignored\n")[1].splitlines()
+    assert table[0].split() == ["width", "mode", "before", "after", "after/before"]
+    assert [line.split()[:2] for line in table[1:5]] == [[w, m] for w in ("2", "4") for m in ("greedy", "sampled")]
+
+
+def test_a_git_revision_is_exported_with_what_its_library_reads(tmp_path):
+    from benchmarks.revisions import code_for_arm
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if head.returncode != 0:
+        import pytest
+
+        pytest.skip("not a git checkout")
+    settings = {"rev": "HEAD", "seed": "3"}
+    code = code_for_arm("head", settings, tmp_path)
+    assert settings == {"seed": "3"} and code.commit == head.stdout.strip()
+    assert code.lib == tmp_path / "code" / code.commit[:12] / "lib"
+    for part in ("lib/grpo_knobs/trainer.py", "data_manifests/countdown-2x10.json", "data/gsm8k/train.jsonl"):
+        assert (code.lib.parent / part).is_file()
+    env = code.env({"PYTHONPATH": "lib"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(code.lib), str(ROOT), "lib"]
+    assert env["GIT_CEILING_DIRECTORIES"] == str(tmp_path / "code")  # the run records no commit of ours

