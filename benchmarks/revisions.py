@@ -2,9 +2,9 @@
 (``rev=GITREV``, exported with ``git archive`` under the benchmark's output folder), in a process of its own
 whose PYTHONPATH puts that ``lib/`` first. An arm with neither runs the library this process imports.
 
-The library reads ``data_manifests/`` and ``data/`` beside its ``lib/``. A revision brings its own where it
-has them; where it does not (a folder holding only ``lib/``), its ``lib/`` is copied under the output
-folder beside links to this checkout's, and the data's manifest hashes still check that they fit.
+The library ships its presets, manifests and data inside ``lib/grpo_knobs``; revisions from before that
+read ``data_manifests/`` and ``data/`` beside their ``lib/``, so a ``code=DIR`` of such a revision must hold
+them too (``git archive REV lib data_manifests data``), and ``rev=`` exports them where the revision has them.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout holding these benchmarks
-BESIDE_LIB = ("data", "data_manifests")  # what the library reads next to its lib/
+BESIDE_LIB = ("data", "data_manifests")  # what older revisions read next to their lib/
 
 
 @dataclass(frozen=True)
@@ -77,21 +77,8 @@ def code_for_arm(name: str, settings: dict[str, str], out: Path) -> Code:
                 f"--arm {name}: code={code} holds no lib/grpo_knobs; code=DIR takes a folder holding a revision's "
                 "lib/ (e.g. made by `git archive REV lib | tar -x -C DIR`)"
             )
-        if all((folder / d).is_dir() for d in BESIDE_LIB):
-            return Code(f"code={code}", folder / "lib")
-        # Copied, not linked: the library finds data_manifests/ beside the real path of its files.
-        staged = out / "code" / name
-        shutil.rmtree(staged, ignore_errors=True)
-        shutil.copytree(folder / "lib", staged / "lib", ignore=shutil.ignore_patterns("__pycache__"))
-        _link_missing_data(staged)
-        return Code(f"code={code} (data from this checkout)", staged / "lib")
+        return Code(f"code={code}", folder / "lib")
     return Code("this checkout")
-
-
-def _link_missing_data(folder: Path) -> None:
-    for d in BESIDE_LIB:
-        if not (folder / d).exists():
-            (folder / d).symlink_to(ROOT / d, target_is_directory=True)
 
 
 def _git(*args: str) -> subprocess.CompletedProcess:
@@ -132,7 +119,6 @@ def export_rev(name: str, rev: str, out: Path) -> tuple[Path, str]:
             tar.extractall(tmp, filter="data")
         if not (tmp / "lib" / "grpo_knobs").is_dir():
             raise fail("that revision has no lib/grpo_knobs")
-        _link_missing_data(tmp)
         os.replace(tmp, folder)  # whole or not at all
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -395,7 +395,7 @@ def test_decode_widths_side_by_side_cpu(tmp_path):
         assert r["ms_per_step"] > 0 and r["text_ms_per_step"] > 0 and r["new_tokens"] == 4
         before = next(b for b in rows if b["arm"] == "before" and (b["width"], b["mode"]) == (r["width"], r["mode"]))
         assert r["over_first"] == r["ms_per_step"] / before["ms_per_step"]
-    assert rows[0]["code"] == f"code={other} (data from this checkout)" and rows[-1]["code"] == "this checkout"
+    assert rows[0]["code"] == f"code={other}" and rows[-1]["code"] == "this checkout"
     table = proc.stdout.split("EOS ignored\n")[1].splitlines()
     assert table[0].split() == ["width", "mode", "before", "after", "after/before"]
     assert [line.split()[:2] for line in table[1:5]] == [[w, m] for w in ("2", "4") for m in ("greedy", "sampled")]
@@ -413,8 +413,8 @@ def test_a_git_revision_is_exported_with_what_its_library_reads(tmp_path):
     code = code_for_arm("head", settings, tmp_path)
     assert settings == {"seed": "3"} and code.commit == head.stdout.strip()
     assert code.lib == tmp_path / "code" / code.commit[:12] / "lib"
-    for part in ("lib/grpo_knobs/trainer.py", "data_manifests/countdown-2x10.json", "data/gsm8k/train.jsonl"):
-        assert (code.lib.parent / part).is_file()
+    for part in ("trainer.py", "data_manifests/countdown-2x10.json", "datasets/gsm8k/train.jsonl"):
+        assert (code.lib / "grpo_knobs" / part).is_file()
     env = code.env({"PYTHONPATH": "lib"})
     assert env["PYTHONPATH"].split(os.pathsep) == [str(code.lib), str(ROOT), "lib"]
     assert env["GIT_CEILING_DIRECTORIES"] == str(tmp_path / "code")  # the run records no commit of ours
