@@ -4,7 +4,8 @@ Triton's interpreter (which tests/test_kernels.py uses on CPU) runs kernels as P
 compiler's type checks, so a kernel can pass there and still fail to compile on the GPU (a name bound
 to tensors of two shapes in the branches of an `if` did exactly that). Triton compiles ahead of time
 for a named target without a driver, so these tests take each kernel through the real compiler down
-to a cubin for an H100/H200 (sm_90), with the shapes SmolLM2-135M and Qwen2.5-1.5B give it.
+to a cubin for an H100/H200 (sm_90), with the shapes SmolLM2-135M, Qwen2.5-1.5B and the tests' tiny model
+give it.
 """
 
 import os
@@ -18,6 +19,7 @@ pytest.importorskip("triton")
 
 # head_dim D, query heads Hq, KV heads Hkv, hidden H, MLP width I, vocabulary V (config.json of each model)
 MODELS = {
+    "tiny-random": dict(D=16, n_q=4, n_kv=2, H=64, I=128, V=49152),  # the CUDA tests' model: products of K = 16
     "smollm2-135m": dict(D=64, n_q=9, n_kv=3, H=576, I=1536, V=49152),
     "qwen2.5-1.5b": dict(D=128, n_q=12, n_kv=2, H=1536, I=8960, V=151936),
 }

@@ -155,29 +155,26 @@ def _rotary_attention_kernel(
     prompt_end = tl.load(slot0_ptr) + 1  # slots below hold the left-padded prompt; `valid` marks its tokens
     slot = prompt_end - 1 + step  # this token's cache slot
     pos = tl.load(pos0_ptr + b) + step  # its rotary position
-    half = tl.arange(0, HALF)
     d = tl.arange(0, D)
-    c1 = tl.load(cos_ptr + pos * D + half).to(tl.float32)[None, :]  # [1, HALF]
-    c2 = tl.load(cos_ptr + pos * D + HALF + half).to(tl.float32)[None, :]
-    s1 = tl.load(sin_ptr + pos * D + half).to(tl.float32)[None, :]
-    s2 = tl.load(sin_ptr + pos * D + HALF + half).to(tl.float32)[None, :]
+    # rotate_half pairs element d with d +- D/2, negated in the first half: x cos + (+-x[partner]) sin
+    partner = (d + HALF) % D
+    sign = tl.where(d < HALF, -1.0, 1.0)[None, :]  # [1, D]
+    cos = tl.load(cos_ptr + pos * D + d).to(tl.float32)[None, :]  # [1, D]
+    sin = tl.load(sin_ptr + pos * D + d).to(tl.float32)[None, :]
     src = qkv_ptr + b * (N_Q + 2 * N_KV) * D
     g = tl.arange(0, G_PAD)[:, None]
     is_q = g < G
-    # (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), rounded to the storage dtype as a stored q and k are
-    x1 = tl.load(src + (j * G + g) * D + half[None, :], mask=is_q, other=0.0).to(tl.float32)  # [G_PAD, HALF]
-    x2 = tl.load(src + (j * G + g) * D + HALF + half[None, :], mask=is_q, other=0.0).to(tl.float32)
-    q1 = (x1 * c1 - x2 * s1).to(k_ptr.dtype.element_ty)
-    q2 = (x2 * c2 + x1 * s2).to(k_ptr.dtype.element_ty)
-    y1 = tl.load(src + (N_Q + j) * D + half[None, :]).to(tl.float32)  # [1, HALF]
-    y2 = tl.load(src + (N_Q + j) * D + HALF + half[None, :]).to(tl.float32)
-    k1 = (y1 * c1 - y2 * s1).to(k_ptr.dtype.element_ty)
-    k2 = (y2 * c2 + y1 * s2).to(k_ptr.dtype.element_ty)
+    # q of the G query heads and k of head j, rotated and rounded to the storage dtype as stored q and k are
+    x = tl.load(src + (j * G + g) * D + d[None, :], mask=is_q, other=0.0).to(tl.float32)  # [G_PAD, D]
+    x_p = tl.load(src + (j * G + g) * D + partner[None, :], mask=is_q, other=0.0).to(tl.float32)
+    q = (x * cos + sign * x_p * sin).to(k_ptr.dtype.element_ty)  # [G_PAD, D]
+    y = tl.load(src + (N_Q + j) * D + d[None, :]).to(tl.float32)  # [1, D]
+    y_p = tl.load(src + (N_Q + j) * D + partner[None, :]).to(tl.float32)
+    k_new = (y * cos + sign * y_p * sin).to(k_ptr.dtype.element_ty)  # [1, D]
     v_new = tl.load(src + (N_Q + N_KV + j) * D + d).to(v_ptr.dtype.element_ty)  # [D]
     k_base = k_ptr + b * stride_row + j * stride_head
     v_base = v_ptr + b * stride_row + j * stride_head
-    tl.store(k_base + slot * stride_slot + half[None, :], k1)
-    tl.store(k_base + slot * stride_slot + HALF + half[None, :], k2)
+    tl.store(k_base + slot * stride_slot + d[None, :], k_new)
     tl.store(v_base + slot * stride_slot + d, v_new)
     m_i = tl.full([G_PAD], -1.0e30, tl.float32)  # running max (finite: a fully masked block stays harmless)
     l_i = tl.zeros([G_PAD], tl.float32)  # running softmax denominator
@@ -188,10 +185,9 @@ def _rotary_attention_kernel(
         in_prompt = ks < prompt_end
         marked = tl.load(valid_ptr + b * stride_valid + ks, mask=in_range & in_prompt, other=0) != 0
         ok = in_range & (ks < slot) & (marked | ~in_prompt)  # [BLOCK_K]: real prompt tokens and earlier decodes
-        ka = tl.load(k_base + ks[:, None] * stride_slot + half[None, :], mask=in_range[:, None], other=0.0)
-        kb = tl.load(k_base + ks[:, None] * stride_slot + HALF + half[None, :], mask=in_range[:, None], other=0.0)
-        s = tl.dot(q1, tl.trans(ka), input_precision=PRECISION) + tl.dot(q2, tl.trans(kb), input_precision=PRECISION)
-        s = tl.where(ok[None, :], s * scale, float("-inf"))  # [G_PAD, BLOCK_K]
+        k = tl.load(k_base + ks[:, None] * stride_slot + d[None, :], mask=in_range[:, None], other=0.0)  # [BLOCK_K, D]
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [G_PAD, BLOCK_K] float32
+        s = tl.where(ok[None, :], s * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])  # [G_PAD, BLOCK_K]
@@ -200,9 +196,7 @@ def _rotary_attention_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
     # this token attends to itself
-    s_self = (
-        tl.sum(q1.to(tl.float32) * k1.to(tl.float32), axis=1) + tl.sum(q2.to(tl.float32) * k2.to(tl.float32), axis=1)
-    ) * scale  # [G_PAD]
+    s_self = tl.sum(q.to(tl.float32) * k_new.to(tl.float32), axis=1) * scale  # [G_PAD]
     m_new = tl.maximum(m_i, s_self)
     alpha = tl.exp(m_i - m_new)
     p_self = tl.exp(s_self - m_new).to(v_ptr.dtype.element_ty).to(tl.float32)  # rounded as the block products' p
