@@ -14,6 +14,7 @@ import pandas as pd
 from grpo_knobs.analysis.constants import PHASES, SHAPE_COLUMNS, STUDY_RECIPE_NAMES
 from grpo_knobs.analysis.curves import _curve_endpoints, _test_endpoints, eval_curves
 from grpo_knobs.analysis.ordering import order_tasks
+from grpo_knobs.records import read_collections
 
 EVAL_COLUMNS = (
     "run_id",
@@ -153,22 +154,23 @@ def _run_config_row(meta: dict) -> dict:
     return row
 
 
-def _load_collections(path: Path, run_id: str) -> pd.DataFrame:
-    """``collections.jsonl`` -> frame; ``seconds`` and ``per_update`` flattened to scalars."""
+def _load_collections(path: Path, run_id: str, torn_tail_ok: bool = False) -> pd.DataFrame:
+    """``collections.jsonl`` -> frame; ``seconds`` and ``per_update`` flattened to scalars.
+
+    Every row is checked (:func:`grpo_knobs.records.read_collections`): a bad one raises, naming the file
+    and line, rather than leaving the run short. ``torn_tail_ok`` (a run still being written, or killed)
+    leaves out a torn last line with a warning.
+    """
     rows = []
-    with path.open() as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            rec = json.loads(line)
-            seconds = rec.pop("seconds")
-            per_update = rec.pop("per_update", None) or []
-            rec.update({f"{k}_seconds": seconds.get(k) for k in ("generation", "trainer", "sync")})
-            for key in ("clip_fraction", "approx_kl", "grad_norm"):
-                vals = [u[key] for u in per_update if u.get(key) is not None]
-                rec[f"{key}_mean"] = float(np.mean(vals)) if vals else np.nan
-            rec["run_id"] = run_id
-            rows.append(rec)
+    for rec in read_collections(path, torn_tail_ok=torn_tail_ok):
+        seconds = rec.pop("seconds")
+        per_update = rec.pop("per_update", None) or []
+        rec.update({f"{k}_seconds": seconds.get(k) for k in ("generation", "trainer", "sync")})
+        for key in ("clip_fraction", "approx_kl", "grad_norm"):
+            vals = [u[key] for u in per_update if u.get(key) is not None]
+            rec[f"{key}_mean"] = float(np.mean(vals)) if vals else np.nan
+        rec["run_id"] = run_id
+        rows.append(rec)
     frame = pd.DataFrame(rows)
     _require_columns(frame, [c for c in COLLECTION_COLUMNS if c != "seconds"], f"{path.parent.name}/collections.jsonl")
     return frame
@@ -278,7 +280,8 @@ def load_study(study_dir: str | Path, statuses: Sequence[str] = ("complete",)) -
         if missing:
             skipped.append({"run_id": row["run_id"], "status": f"{status}, but no {' or '.join(missing)}"})
             continue
-        c = _load_collections(run_dir / "collections.jsonl", row["run_id"])
+        # a complete run's records are whole; a running or failed one may end in a torn line
+        c = _load_collections(run_dir / "collections.jsonl", row["run_id"], torn_tail_ok=status != "complete")
         timings_path = run_dir / "timings.json"
         timings = _read_json(timings_path) if timings_path.is_file() else _timings_so_far(c)
         row.update(status=status, collections_done=len(c), **_run_totals(c, timings))
