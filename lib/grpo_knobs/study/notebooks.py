@@ -39,6 +39,8 @@ def run_analysis(
     from tqdm.auto import tqdm
 
     study_dir = Path(study_dir).resolve()
+    if not study_dir.is_dir():
+        raise FileNotFoundError(f"no study directory at {study_dir}; give the folder a study wrote its runs to")
     out = Path(out_dir).resolve() if out_dir else study_dir / "figures"
     out.mkdir(parents=True, exist_ok=True)
     plan_file = study_dir / "plan.json"
@@ -51,14 +53,18 @@ def run_analysis(
         if targets and name == "56_critical_batch":
             params["targets"] = {task: values[0] for task, values in targets.items() if values}
         target = out / f"{name}.ipynb"
-        pm.execute_notebook(
-            str(REPO_ROOT / "notebooks" / f"{name}.ipynb"),
-            str(target),
-            parameters=params,
-            cwd=str(REPO_ROOT),
-            progress_bar=False,
-            kernel_name="python3",
-        )
+        try:
+            pm.execute_notebook(
+                str(REPO_ROOT / "notebooks" / f"{name}.ipynb"),
+                str(target),
+                parameters=params,
+                cwd=str(REPO_ROOT),
+                progress_bar=False,
+                kernel_name="python3",
+            )
+        except pm.PapermillExecutionError as exc:  # the executed notebook, with its traceback, is kept
+            error = " ".join(f"{exc.ename}: {exc.evalue}".split())[:300]
+            raise RuntimeError(f"{name} failed: {error} (see {target})") from None
         written.append(target)
     return written
 
