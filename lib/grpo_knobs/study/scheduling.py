@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from ..records import RunDir
+from ..runtime import check_interrupted, interrupts
 
 SCHEDULERS = ("local", "ray")
 RAY_MAX_RETRIES = 3  # retries after a lost worker; an exception inside a run is a recorded failure, never retried
+CANCEL_SECONDS = 120  # after a Ctrl-C, how long running tasks have to record their runs as interrupted
 # CPU cores reserved per unit. A CPU-only run trains with this many torch threads, as a local
 # worker does with --jobs equal to the cores; a GPU run needs a few for tokenizing, rewards and
 # data; SGLang adds its tokenizer, scheduler and detokenizer processes.
@@ -157,7 +159,9 @@ def _run_unit_in_task(unit: dict[str, Any], threads: int) -> dict[str, Any]:
             f"{ray.util.get_node_ip_address()}, GPUs {ray.get_gpu_ids() or 'none'}, {threads} threads)",
             flush=True,
         )
-        result = _execute_unit(unit | {"progress": True})
+        # ray.cancel interrupts the task as a Ctrl-C would: the run is recorded as interrupted.
+        with interrupts(keep_ignored=False):
+            result = _execute_unit(unit | {"progress": True})
     return dataclasses.asdict(result)
 
 
@@ -252,16 +256,33 @@ def execute_on_ray(units: list[dict[str, Any]], desc: str, progress: bool, addre
             name=unit_run_id(unit),
         ).remote(unit, max(1, need.cpus))
         pending[ref] = unit | {"submitted": time.perf_counter()}
-    while pending:
-        ready, _ = ray.wait(list(pending), num_returns=1)
-        for ref in ready:
-            unit = pending.pop(ref)
-            try:
-                tally.add(JobResult(**ray.get(ref)))
-            except ray.exceptions.RayError as exc:
-                run_id, phase = unit_id(unit)
-                seconds = time.perf_counter() - unit["submitted"]
-                tally.add(
-                    JobResult(run_id, phase, "failed", seconds, _lost_task_error(ray, exc), str(_worker_log(unit)))
-                )
+    try:
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                unit = pending.pop(ref)
+                try:
+                    tally.add(JobResult(**ray.get(ref)))
+                except ray.exceptions.RayError as exc:
+                    run_id, phase = unit_id(unit)
+                    seconds = time.perf_counter() - unit["submitted"]
+                    tally.add(
+                        JobResult(run_id, phase, "failed", seconds, _lost_task_error(ray, exc), str(_worker_log(unit)))
+                    )
+            check_interrupted()
+    except KeyboardInterrupt:
+        _cancel(ray, list(pending))
+        raise
     return tally.finish()
+
+
+def _cancel(ray, refs: list) -> None:
+    """After a Ctrl-C: queued tasks never start, running ones get a KeyboardInterrupt (their runs are
+    recorded as interrupted); wait for them to end, then force the rest."""
+    for ref in refs:
+        with contextlib.suppress(Exception):
+            ray.cancel(ref, force=False)
+    _, left = ray.wait(refs, num_returns=len(refs), timeout=CANCEL_SECONDS) if refs else ([], [])
+    for ref in left:
+        with contextlib.suppress(Exception):
+            ray.cancel(ref, force=True)
