@@ -195,43 +195,47 @@ def _execute_all(units: list[dict], jobs: int, desc: str, progress: bool) -> lis
     A Ctrl-C starts no further unit, ends the running ones as interrupted and resumable, and then
     raises KeyboardInterrupt.
     """
-    tally = ResultTally(units, desc, progress)
-    if jobs == 1:
-        for unit in units:
-            check_interrupted()  # one whose KeyboardInterrupt was lost between runs
-            tally.bar.set_postfix_str(unit_run_id(unit))
-            tally.add(_execute_unit(unit | {"progress": progress}))
-    else:
-        threads = max(1, (os.cpu_count() or 1) // jobs)
-        # Worker slot k runs on GPU k mod n: with jobs equal to the GPU count each run has a GPU
-        # to itself, so its phase times are not inflated by another run sharing the device.
-        gpus = visible_gpus()
-        slots: queue.Queue[int] = queue.Queue()
-        for k in range(jobs):
-            slots.put(k)
-        workers = _Workers()
+    with ResultTally(units, desc, progress) as tally:
+        if jobs == 1:
+            for unit in units:
+                check_interrupted()  # one whose KeyboardInterrupt was lost between runs
+                tally.bar.set_postfix_str(unit_run_id(unit))
+                tally.add(_execute_unit(unit | {"progress": progress}))
+        else:
+            _execute_in_workers(units, jobs, tally)
+        return tally.finish()
 
-        def in_slot(unit: dict) -> JobResult:
-            k = slots.get()
-            try:
-                return _execute_in_worker(unit, threads, gpus[k % len(gpus)] if gpus else None, workers)
-            finally:
-                slots.put(k)
 
-        pool = ThreadPoolExecutor(jobs)
+def _execute_in_workers(units: list[dict], jobs: int, tally: ResultTally) -> None:
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    # Worker slot k runs on GPU k mod n: with jobs equal to the GPU count each run has a GPU
+    # to itself, so its phase times are not inflated by another run sharing the device.
+    gpus = visible_gpus()
+    slots: queue.Queue[int] = queue.Queue()
+    for k in range(jobs):
+        slots.put(k)
+    workers = _Workers()
+
+    def in_slot(unit: dict) -> JobResult:
+        k = slots.get()
         try:
-            # Longest first (most collections), so a long run does not start last and hold the
-            # other workers idle at the end.
-            for future in as_completed([pool.submit(in_slot, u) for u in sorted(units, key=_unit_cost, reverse=True)]):
-                tally.add(future.result())
-                check_interrupted()
-        except KeyboardInterrupt:
-            pool.shutdown(wait=False, cancel_futures=True)
-            workers.stop()
-            raise
+            return _execute_in_worker(unit, threads, gpus[k % len(gpus)] if gpus else None, workers)
         finally:
-            pool.shutdown(wait=True)
-    return tally.finish()
+            slots.put(k)
+
+    pool = ThreadPoolExecutor(jobs)
+    try:
+        # Longest first (most collections), so a long run does not start last and hold the
+        # other workers idle at the end.
+        for future in as_completed([pool.submit(in_slot, u) for u in sorted(units, key=_unit_cost, reverse=True)]):
+            tally.add(future.result())
+            check_interrupted()
+    except KeyboardInterrupt:
+        pool.shutdown(wait=False, cancel_futures=True)
+        workers.stop()
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
 def _filter(items: Iterable, only: list[str] | None) -> list:

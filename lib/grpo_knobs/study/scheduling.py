@@ -228,15 +228,22 @@ def execute_on_ray(units: list[dict[str, Any]], desc: str, progress: bool, addre
         address: a Ray cluster (``ray start --head`` prints it; ``auto`` finds one started on this
             machine); None starts a local Ray instance with this machine's GPUs and CPUs.
     """
-    from .units import JobResult, ResultTally, _unit_cost, _worker_log, unit_id, unit_run_id
+    from .units import ResultTally
 
     ray = _import_ray()
     _connect(ray, address)
     task = ray.remote(max_calls=1)(_run_unit_in_task)  # a fresh process per unit, as a local worker
     nodes = _node_sizes(ray)
-    has_gpus = any(g > 0 for g, _ in nodes)
     env = _runtime_env()
-    tally = ResultTally(units, desc, progress)
+    with ResultTally(units, desc, progress) as tally:
+        return _run_tasks(ray, task, units, tally, nodes, env)
+
+
+def _run_tasks(ray, task, units: list[dict[str, Any]], tally, nodes: list[tuple[int, int]], env: dict) -> list:
+    """Submit every unit not already done, longest first, and collect the results as they come."""
+    from .units import JobResult, _unit_cost, _worker_log, unit_id, unit_run_id
+
+    has_gpus = any(g > 0 for g, _ in nodes)
     pending: dict[Any, dict[str, Any]] = {}
     # Longest first (most collections); Ray starts queued tasks of one resource shape in the order submitted.
     todo = []
@@ -246,17 +253,17 @@ def execute_on_ray(units: list[dict[str, Any]], desc: str, progress: bool, addre
             tally.add(JobResult(run_id, phase, "skipped"))
         else:  # every request is checked before the first task starts
             todo.append((unit, _fit(unit_resources(unit, has_gpus), nodes, run_id)))
-    for unit, need in todo:
-        ref = task.options(
-            num_gpus=need.gpus,
-            num_cpus=need.cpus,
-            max_retries=RAY_MAX_RETRIES,
-            retry_exceptions=False,
-            runtime_env=env,
-            name=unit_run_id(unit),
-        ).remote(unit, max(1, need.cpus))
-        pending[ref] = unit | {"submitted": time.perf_counter()}
     try:
+        for unit, need in todo:
+            ref = task.options(
+                num_gpus=need.gpus,
+                num_cpus=need.cpus,
+                max_retries=RAY_MAX_RETRIES,
+                retry_exceptions=False,
+                runtime_env=env,
+                name=unit_run_id(unit),
+            ).remote(unit, max(1, need.cpus))
+            pending[ref] = unit | {"submitted": time.perf_counter()}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             for ref in ready:

@@ -268,6 +268,12 @@ class ResultTally:
         self.bar.update(1)
         self.bar.set_postfix(failed=sum(r.status in ("failed", "blocked") for r in self.results))
 
+    def __enter__(self) -> "ResultTally":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.close()  # also when a Ctrl-C cuts the phase short: the next message starts on a line of its own
+
     def finish(self) -> list[JobResult]:
         """Close the bar; the results in the order of ``units``."""
         self.bar.close()
