@@ -29,6 +29,7 @@ PHASES = ("adhoc", "screening", "lr-followup", "confirmation", "pilot")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # A label shown in tables (an arm named in a run_id-less run is also checked as a name).
 _LABEL = re.compile(r"^[^\x00-\x1f\x7f/\\]{1,128}$")
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 # Integers beyond int64 fit no counter, seed or tensor the suite hands them to.
 INT_LIMIT = 2**63
 # Old parameter names still read (with a DeprecationWarning) from mappings, YAML, papermill and recorded configs.
@@ -246,6 +247,8 @@ class RunConfig:
         _check_choice("phase", self.phase, PHASES)
         _check_choice("tracker", self.tracker, TRACKERS)
         _check_choice("trainer_path", self.trainer_path, TRAINER_PATHS)
+        if not _DEVICE.fullmatch(self.device):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {_shown(self.device)}.")
         if self.micro_batch_size is not None and self.max_tokens_per_micro_batch is not None:
             raise ValueError("Set micro_batch_size or max_tokens_per_micro_batch, not both (set the other to None).")
         if self.micro_batch_size is None and self.max_tokens_per_micro_batch is None:

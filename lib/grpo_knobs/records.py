@@ -194,8 +194,8 @@ def check_collection_row(row: Any) -> str | None:
 
 def read_collections(path: str | Path, torn_tail_ok: bool = False) -> CollectionRows:
     """Every row of a ``collections.jsonl``, each checked: a JSON object with the schema's keys and types
-    and finite numbers. Raises :class:`RecordsError` naming the file and line of the first bad row, so no
-    reader silently stops early.
+    and finite numbers, the collections numbered 0, 1, 2, ... Raises :class:`RecordsError` naming the
+    file and line of the first bad row, so no reader silently stops early or reads a row twice.
 
     Args:
         path: the file; a missing file has no rows.
@@ -218,6 +218,8 @@ def read_collections(path: str | Path, torn_tail_ok: bool = False) -> Collection
             error = check_collection_row(row)
         except (ValueError, UnicodeDecodeError) as exc:
             row, error = None, f"not valid JSON ({' '.join(str(exc).split())[:80]})"
+        if error is None and row["collection"] != len(rows):  # rows are collections 0, 1, 2, ... in order
+            error = f"collection {row['collection']} where {len(rows)} is due (a row missing, repeated or moved)"
         if error is None:
             rows.append(row)
             continue
