@@ -438,7 +438,8 @@ def _study_plan(tmp_path: Path, seeds: list[int]) -> Path:
 
 
 @pytest.mark.parametrize(
-    "executor, jobs, seeds", [("papermill", 1, [0]), ("inprocess", 2, [0, 1]), ("papermill", 2, [0, 1])]
+    "executor, jobs, seeds",
+    [("papermill", 1, [0]), ("inprocess", 1, [0]), ("inprocess", 2, [0, 1]), ("papermill", 2, [0, 1])],
 )
 def test_ctrl_c_stops_a_study_starting_nothing_more(tmp_path, executor, jobs, seeds):
     plan = _study_plan(tmp_path, seeds)
