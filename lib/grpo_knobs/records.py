@@ -242,27 +242,30 @@ def read_collections(path: str | Path, torn_tail_ok: bool = False) -> Collection
 
 
 class WriteError(OSError):
-    """A writer of large files (safetensors, torch.save) failed part-way, most likely for want of disk space."""
+    """A writer of large files (safetensors, torch.save) had a write refused part-way (disk, quota, size limit)."""
+
+
+# How safetensors ("... (os error 28)") and torch.save's zip writer ("unexpected pos ...", "... failed
+# writing file ...") report a write the system refused.
+_WRITE_FAILED = re.compile(r"os error \d+|unexpected pos \d+|failed writing file", re.IGNORECASE)
 
 
 @contextlib.contextmanager
 def writing_folder(folder: Path) -> Iterator[None]:
-    """Write a temporary folder in the block; on an error the folder is removed (freeing what it took) and
-    the error is an OSError: safetensors and torch.save report a full disk in their own words
-    ("... (os error 28)", "unexpected pos ..."), which become the OSError they stand for."""
+    """Write a temporary folder in the block; on an error the folder is removed (freeing what it took). A
+    write the system refused (a full disk, a quota, a file-size limit), which safetensors and torch.save
+    report in their own words, becomes the OSError it stands for (:class:`WriteError`)."""
     try:
         yield
     except Exception as exc:
         shutil.rmtree(folder, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise
         text = " ".join(str(exc).split())
+        if isinstance(exc, OSError) or not _WRITE_FAILED.search(text):
+            raise
         code = re.search(r"os error (\d+)", text)
         if code:
             raise WriteError(int(code.group(1)), os.strerror(int(code.group(1))), str(folder)) from exc
-        raise WriteError(
-            errno.EIO, f"a write was cut short ({type(exc).__name__}: {text[:100]})", str(folder)
-        ) from exc
+        raise WriteError(errno.EIO, f"a write was cut short ({text[:100]})", str(folder)) from exc
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
