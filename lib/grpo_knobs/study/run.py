@@ -51,7 +51,7 @@ class StudyReport:
 
     @property
     def failed(self) -> list[JobResult]:
-        return [r for r in self.results if r.status in ("failed", "blocked")]
+        return [r for r in self.results if r.status in ("failed", "blocked", "interrupted")]
 
     @property
     def ok(self) -> bool:

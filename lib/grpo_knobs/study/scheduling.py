@@ -241,7 +241,8 @@ def execute_on_ray(units: list[dict[str, Any]], desc: str, progress: bool, addre
 
 def _run_tasks(ray, task, units: list[dict[str, Any]], tally, nodes: list[tuple[int, int]], env: dict) -> list:
     """Submit every unit not already done, longest first, and collect the results as they come."""
-    from .units import JobResult, _unit_cost, _worker_log, unit_id, unit_run_id
+    from ..config import RunConfig
+    from .units import JobResult, _tidy_complete_run, _unit_cost, _worker_log, unit_id, unit_run_id
 
     has_gpus = any(g > 0 for g, _ in nodes)
     pending: dict[Any, dict[str, Any]] = {}
@@ -250,6 +251,8 @@ def _run_tasks(ray, task, units: list[dict[str, Any]], tally, nodes: list[tuple[
     for unit in sorted(units, key=_unit_cost, reverse=True):
         run_id, phase = unit_id(unit)
         if _already_done(unit):
+            if unit["kind"] == "train":  # what a kill left beside the complete run
+                _tidy_complete_run(RunConfig.from_dict(unit["config"]))
             tally.add(JobResult(run_id, phase, "skipped"))
         else:  # every request is checked before the first task starts
             todo.append((unit, _fit(unit_resources(unit, has_gpus), nodes, run_id)))
