@@ -38,6 +38,8 @@ def run_analysis(
     import papermill as pm
     from tqdm.auto import tqdm
 
+    from ..runtime import interrupted, interrupts
+
     study_dir = Path(study_dir).resolve()
     if not study_dir.is_dir():
         raise FileNotFoundError(f"no study directory at {study_dir}; give the folder a study wrote its runs to")
@@ -54,17 +56,22 @@ def run_analysis(
             params["targets"] = {task: values[0] for task, values in targets.items() if values}
         target = out / f"{name}.ipynb"
         try:
-            pm.execute_notebook(
-                str(REPO_ROOT / "notebooks" / f"{name}.ipynb"),
-                str(target),
-                parameters=params,
-                cwd=str(REPO_ROOT),
-                progress_bar=False,
-                kernel_name="python3",
-            )
+            with interrupts():
+                pm.execute_notebook(
+                    str(REPO_ROOT / "notebooks" / f"{name}.ipynb"),
+                    str(target),
+                    parameters=params,
+                    cwd=str(REPO_ROOT),
+                    progress_bar=False,
+                    kernel_name="python3",
+                )
         except pm.PapermillExecutionError as exc:  # the executed notebook, with its traceback, is kept
             error = " ".join(f"{exc.ename}: {exc.evalue}".split())[:300]
             raise RuntimeError(f"{name} failed: {error} (see {target})") from None
+        except Exception:
+            if interrupted():  # a Ctrl-C, whatever the kernel client raised on its way out
+                raise KeyboardInterrupt("interrupted") from None
+            raise
         written.append(target)
     return written
 
