@@ -42,6 +42,21 @@ def _cli(*args: str, cwd: Path, **kw) -> subprocess.CompletedProcess:
     )
 
 
+def _start_cli(args: list[str], cwd: Path, code: str = "", env: dict | None = None, **kw) -> subprocess.Popen:
+    """``grpo-knobs ARGS`` started in a fresh process, its output piped; ``code`` runs first in it (a test
+    hook such as a patch)."""
+    main = "import sys\nfrom grpo_knobs.cli import main\nsys.exit(main(sys.argv[1:]))"
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code) + "\n" + main, *args],
+        cwd=cwd,
+        env=_env() | (env or {}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
+
+
 def _wait_for(predicate, proc: subprocess.Popen, what: str, timeout: float = 240) -> None:
     deadline = time.time() + timeout
     while not predicate():
@@ -93,14 +108,7 @@ def test_two_studies_on_one_directory_the_second_stops_at_once(tmp_path):
     plan = _write_plan(tmp_path / "plan.yaml", screening={"arms": ["t-small", "t-split"], "response_budget": 48})
     study_dir = tmp_path / "study"
     args = ["study", str(plan), "--study-dir", str(study_dir), "--executor", "inprocess", "--phase", "screening"]
-    first = subprocess.Popen(
-        [sys.executable, "-m", "grpo_knobs.cli", *args],
-        cwd=tmp_path,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    first = _start_cli(args, cwd=tmp_path)
     lock = study_dir / ".locks" / "study.lock"
     _wait_for(lambda: lock.exists() and "PID" in lock.read_text(), first, "the first study to take its lock")
     t0 = time.time()
@@ -394,33 +402,87 @@ def test_a_full_disk_is_one_line_and_keeps_the_error(tmp_path):
     assert len(err) == 1 and "(File too large); free disk space" in err[0], proc.stderr[-3000:]
 
 
-def test_ctrl_c_leaves_a_resumable_run_and_says_how_to_resume(tmp_path):
-    cfg = tiny_cfg(tmp_path, response_budget=96, eval_every_responses=32, resume_every_collections=1)
-    args = [
-        "train",
-        "--no-progress",
-        *[a for k, v in cfg.to_dict().items() if v is not None for a in ("-p", f"{k}={v}")],
-    ]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "grpo_knobs.cli", *args],
-        cwd=tmp_path,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    run = RunDir(cfg.run_dir)
-    _wait_for(lambda: (run.state() or {}).get("collections_done", 0) >= 2, proc, "two collections")
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130
+# The run is held at one point of its loop until the test's Ctrl-C arrives (so it cannot end first however
+# loaded the machine is), or a finalizer swallows the KeyboardInterrupt there.
+HOLD_AT_COLLECTION_2 = """
+import os, time
+import grpo_knobs.trainer as T
+real = T.Trainer.collect
+def collect(self, c):
+    if c == 2:  # mid-training
+        open(os.environ["HOLD_FILE"], "w").close()
+        while True:
+            time.sleep(0.05)
+    return real(self, c)
+T.Trainer.collect = collect
+"""
+
+SWALLOW_A_CTRL_C_AT_COLLECTION_2 = """
+import os, signal
+import grpo_knobs.trainer as T
+real = T.Trainer.collect
+class Finalized:
+    def __del__(self):  # Python drops an exception raised in a finalizer, so the KeyboardInterrupt is lost
+        os.kill(os.getpid(), signal.SIGINT)
+        sum(range(1000))
+def collect(self, c):
+    if c == 2:
+        Finalized()
+    return real(self, c)
+T.Trainer.collect = collect
+"""
+
+
+def _foreground_job() -> None:
+    """What a terminal's foreground job has: its own process group, and Ctrl-C not ignored. (A job a
+    shell starts in the background inherits SIGINT ignored, and Python keeps it ignored: that is how
+    this test once saw exit 0 under `make test` run as a background job.)"""
+    os.setsid()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _train_in_foreground(cfg: RunConfig, code: str, cwd: Path, **env: str) -> subprocess.Popen:
+    """``grpo-knobs train`` with ``code`` run first in the process (a test hook)."""
+    params = [a for k, v in cfg.to_dict().items() if v is not None for a in ("-p", f"{k}={v}")]
+    return _start_cli(["train", "--no-progress", *params], cwd, code, env, preexec_fn=_foreground_job)
+
+
+def _interrupted_line(proc: subprocess.Popen) -> tuple[str, str]:
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, (proc.returncode, err[-3000:])
     lines = [line for line in err.strip().splitlines() if line.startswith("grpo-knobs")]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith("grpo-knobs train: interrupted; to continue: grpo-knobs train ")
+    assert len(lines) == 1, err[-3000:]
+    assert lines[0].startswith("grpo-knobs train: interrupted; to continue: grpo-knobs train "), lines[0]
+    return lines[0], err
+
+
+def test_ctrl_c_leaves_a_resumable_run_and_says_how_to_resume(reference, tmp_path):
+    ref_cfg, ref = reference
+    cfg = RunConfig.from_dict(ref_cfg.to_dict() | {"output_dir": str(tmp_path / "study")})
+    hold = tmp_path / "held"
+    proc = _train_in_foreground(cfg, HOLD_AT_COLLECTION_2, tmp_path, HOLD_FILE=str(hold))
+    _wait_for(hold.exists, proc, "the run to reach collection 2")
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    line, err = _interrupted_line(proc)
+    assert "Traceback" not in err, err
+    run = RunDir(cfg.run_dir)
     assert run.state()["status"] == "failed" and run.state()["error"] == "interrupted"
-    resume_cmd = lines[0].split("to continue: ")[1].split()
+    assert run.state()["collections_done"] == 2 and run.latest_resume_state().name == "resume-000002"
+    resume_cmd = line.split("to continue: ")[1].split()
     assert resume_cmd[-1] == "resume=true"
     done = _cli(*resume_cmd[1:], cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert run.is_complete()
     _assert_no_duplicates(run, cfg)
+    _assert_same_records(run, ref)  # the interrupted and resumed run is the uninterrupted one
+
+
+def test_a_ctrl_c_whose_keyboard_interrupt_is_lost_still_stops_the_run(tmp_path):
+    """Python drops a KeyboardInterrupt raised inside a finalizer (printing "Exception ignored") and carries on;
+    without the interrupt noted, this run went on to "complete" and exit 0."""
+    cfg = tiny_cfg(tmp_path, response_budget=96, resume_every_collections=1)
+    _, err = _interrupted_line(_train_in_foreground(cfg, SWALLOW_A_CTRL_C_AT_COLLECTION_2, tmp_path))
+    assert "Exception ignored" in err  # Python did drop it
+    state = RunDir(cfg.run_dir).state()
+    assert state["status"] == "failed" and state["error"] == "interrupted"
+    assert state["collections_done"] == 3  # collection 2 was finished and recorded, then the loop stopped

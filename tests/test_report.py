@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -282,3 +284,95 @@ def test_report_in_headless_chromium(committed_report, tmp_path):
     assert not errors, errors
     assert all(u.startswith(("file:", "data:")) for u in requests), [u for u in requests if u.startswith("http")]
     assert shot.stat().st_size > 10_000
+
+
+# --- a crafted notebook ---------------------------------------------------------------------------
+ATTACKS = (
+    "<script>alert('markdown script')</script>\n\n"
+    "<img src=x onerror=\"alert('markdown img')\">\n\n"
+    "[markdown link](javascript:alert(1)) and <a href=\"JaVaScRiPt:alert('raw link')\">raw link</a>\n\n"
+    "<iframe src=\"javascript:alert('iframe')\"></iframe><svg onload=\"alert('svg')\"></svg>\n\n"
+    "<details open ontoggle=\"alert('toggle')\"><summary>details</summary>body</details>\n\n"
+    "<form action=\"javascript:alert('form')\"><button>send</button></form>"
+    '<a href="#crafted" onclick="alert(\'onclick\')">an anchor</a>'
+)
+
+
+def _crafted_notebook(folder: Path) -> Path:
+    """An executed notebook under an analysis notebook's name whose outputs try to run script in the page."""
+    nb = nbformat.v4.new_notebook()
+    display = nbformat.v4.new_output
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# Crafted\n\n" + ATTACKS),
+        nbformat.v4.new_code_cell(
+            "show()",
+            outputs=[
+                display("display_data", data={"text/markdown": "## From an output\n\n" + ATTACKS}),
+                display("display_data", data={"image/png": "iVBORw0KGgo=\" onerror=\"alert('png')", "text/plain": ""}),
+                display("display_data", data={"image/svg+xml": "<svg xmlns='http://www.w3.org/2000/svg' "
+                                              "onload=\"alert('svg image')\"><script>alert('svg')</script></svg>"}),
+                display("display_data", data={"text/html": "<script>alert('html output')</script>",
+                                              "text/plain": "<script>alert('plain text')</script>"}),
+                display("stream", name="stdout", text="<img src=x onerror=\"alert('stream')\">\n"),
+                display("error", ename="Error", evalue="<img src=x onerror=alert('error')>", traceback=[]),
+            ],
+        ),
+    ]  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{ANALYSIS_NOTEBOOKS[0]}.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def test_a_crafted_notebook_is_sanitised(tmp_path):
+    _crafted_notebook(tmp_path / "notebooks")
+    (tmp_path / "study").mkdir()
+    out = tmp_path / "report.html"
+    args = ["report", str(tmp_path / "study"), "--notebooks", str(tmp_path / "notebooks"), "--out", str(out)]
+    assert main(args) == 0
+    page = _Page()
+    text = out.read_text()
+    page.feed(text)
+    assert page.tags.count("script") == 1  # the report's own table-sorting script
+    assert not {"iframe", "svg", "form", "button"} & set(page.tags)
+    assert not re.search(r"<[^>]+\son\w+\s*=", text), "an event handler attribute reached the page"
+    assert not re.search(r"(href|src|action)\s*=\s*[\"']?\s*javascript:", text, re.IGNORECASE)
+    assert all(src.startswith("data:") for src in page.fetched)  # nothing from outside the page
+    assert len(page.images) == 1 and page.images[0].startswith("data:image/svg+xml;base64,")  # inert in an img
+    assert "an image output that is not base64, left out" in text
+    assert 'href="#crafted"' in text and "<h2 " in text  # what is safe is kept
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium not installed (Debian: apt-get install chromium)")
+def test_a_crafted_notebook_runs_no_script_in_chromium(tmp_path):
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed (pip install -e '.[test]')")
+    _crafted_notebook(tmp_path / "notebooks")
+    (tmp_path / "study").mkdir()
+    out = tmp_path / "report.html"
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpo_knobs.cli", "report", str(tmp_path / "study"), "--notebooks",
+         str(tmp_path / "notebooks"), "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    dialogs: list[str] = []
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS
+        )
+        try:
+            page = browser.new_page()
+            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+            page.goto(out.as_uri(), wait_until="load")
+            for link in page.locator("main a").all():  # a javascript: link would run when clicked
+                link.click()
+            page.locator("details summary").first.click()
+            page.wait_for_timeout(500)
+            handlers = page.evaluate(
+                "Array.from(document.querySelectorAll('*')).flatMap(e => Array.from(e.attributes)"
+                ".filter(a => a.name.startsWith('on') || /^\\s*javascript:/i.test(a.value)).map(a => a.name))"
+            )
+            scripts = page.evaluate("document.scripts.length")
+        finally:
+            browser.close()
+    assert dialogs == [] and handlers == [] and scripts == 1  # the report's own sorting script

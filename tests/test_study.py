@@ -495,7 +495,7 @@ def test_parallel_workers_each_hold_their_own_gpu(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     spans = []
 
-    def fake_worker(unit, threads, gpu=None):  # stands in for the subprocess; records placement only
+    def fake_worker(unit, threads, gpu=None, workers=None):  # stands in for the subprocess; records placement only
         t0 = time.perf_counter()
         time.sleep(0.05)
         spans.append((gpu, t0, time.perf_counter()))
@@ -526,7 +526,7 @@ def test_parallel_workers_each_hold_their_own_gpu(monkeypatch):
 def test_parallel_workers_start_the_longest_runs_first(monkeypatch):
     started = []
 
-    def fake_worker(unit, threads, gpu=None):
+    def fake_worker(unit, threads, gpu=None, workers=None):
         started.append(unit["config"]["run_id"])
         return study.JobResult(unit["config"]["run_id"], "screening", "complete")
 

@@ -246,3 +246,53 @@ def test_gpu_runs_get_the_gpus_they_ask_for(tmp_path, local_ray):
             (tmp_path / "study" / ".logs" / f"{run_id}.log").read_text(),
         )
         assert len(gpus.split(",")) == (2 if engine == "sglang" else 1)  # SGLang + trainer, or the trainer alone
+
+
+@pytest.mark.slow
+@needs_ray
+@needs_trainer
+def test_ctrl_c_cancels_queued_ray_tasks_and_interrupts_running_ones(tmp_path):
+    """Four runs on a two-core Ray instance: two run, two wait; a Ctrl-C starts neither waiting run and
+    ends the running ones recorded as interrupted and resumable."""
+    screening = {
+        "arms": ["t-small", "t-split"],
+        "seeds": [0, 1],
+        "response_budget": 160,  # 20 and 10 collections: none ends before the Ctrl-C
+        "eval_every_responses": 80,
+        "resume_every_collections": 1,
+    }
+    path = _write_plan(tmp_path / "plan.yaml", screening=screening)
+    study_dir = tmp_path / "ray"
+    code = f"import sys, ray; from grpo_knobs.cli import main; ray.init(**{RAY_INIT!r}); sys.exit(main(sys.argv[1:]))"
+    args = ["study", str(path), "--study-dir", str(study_dir), "--phase", "screening", "--scheduler", "ray"]
+    args += ["--executor", "inprocess"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        env=study._subprocess_env(None),
+        start_new_session=True,  # a terminal's foreground job: its own process group
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    runs = [RunDir(study_dir / f"screening-countdown-2x10-{a}-s{s}") for a in ("t-small", "t-split") for s in (0, 1)]
+    try:
+        deadline = time.time() + 300
+        while len(running := [r for r in runs if (r.state() or {}).get("collections_done", 0) >= 1]) < 2:
+            assert proc.poll() is None, proc.communicate()
+            assert time.time() < deadline, "two runs did not start"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=60)
+    assert proc.returncode == 130, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("grpo-knobs")]
+    assert len(lines) == 1 and lines[0].startswith("grpo-knobs study: interrupted; to continue:"), err[-3000:]
+    for run in running:
+        state = run.state()
+        assert state["status"] == "failed" and state["error"] == "interrupted", (run.path.name, state)
+        assert run.latest_resume_state() is not None
+    assert [r for r in runs if r not in running and r.path.exists()] == [], "a queued run started"

@@ -396,7 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _one_line(exc: BaseException) -> str:
     """The error as one line that says what went wrong (and, from our own errors, how to fix it)."""
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+    write_failed = type(exc).__name__ == "WriteError"  # records.WriteError: a large file's writer cut short
+    if isinstance(exc, OSError) and (write_failed or exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)):
         where = exc.filename or "records"
         return f"could not write {where} ({exc.strerror}); free disk space (or raise the limit) and resume the run"
     if isinstance(exc, PermissionError):
@@ -407,9 +408,30 @@ def _one_line(exc: BaseException) -> str:
     return text if isinstance(exc, (ValueError, OSError, RuntimeError)) else f"{type(exc).__name__}: {text}"
 
 
+def _note_printer(command: str, default):
+    """``warnings.showwarning`` that shows ``records.RecordsWarning`` (records read short, e.g. a torn
+    last line) as one line, and any other warning as before."""
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if category.__name__ == "RecordsWarning":
+            print(f"grpo-knobs {command}: note: {' '.join(str(message).split())}", file=sys.stderr)
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
     args = build_parser().parse_args(argv)
-    debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    with warnings.catch_warnings():
+        warnings.showwarning = _note_printer(args.command, warnings.showwarning)
+        return _run(args, debug=args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"))
+
+
+def _run(args: argparse.Namespace, debug: bool) -> int:
+    """The command, with every failure as one line on stderr and a non-zero exit."""
     try:
         return args.func(args)
     except KeyboardInterrupt:
@@ -423,6 +445,16 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"grpo-knobs {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except Exception as exc:  # a failure no check foresaw: still one line, and the way to the traceback
+        if debug:
+            traceback.print_exc()
+        text = " ".join(str(exc).split())[:300]
+        print(
+            f"grpo-knobs {args.command}: unexpected error {type(exc).__name__}: {text} "
+            f"(a bug: rerun with --debug for the traceback and report it)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import re
 import textwrap
 import types
@@ -24,7 +25,13 @@ LOSS_AGGREGATIONS = ("sequence-mean", "token-mean")
 ENGINES = ("hf", "sglang")
 TRACKERS = ("none", "tensorboard", "trackio")
 PHASES = ("adhoc", "screening", "lr-followup", "confirmation", "pilot")
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# A name that becomes a directory or file name (run ids, study names): no separators, no "..", no leading dot.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# A label shown in tables (an arm named in a run_id-less run is also checked as a name).
+_LABEL = re.compile(r"^[^\x00-\x1f\x7f/\\]{1,128}$")
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+# Integers beyond int64 fit no counter, seed or tensor the suite hands them to.
+INT_LIMIT = 2**63
 # Old parameter names still read (with a DeprecationWarning) from mappings, YAML, papermill and recorded configs.
 DEPRECATED_NAMES = {"generation_batch_size": "max_concurrent_sequences"}
 
@@ -256,6 +263,8 @@ class RunConfig:
         _check_choice("phase", self.phase, PHASES)
         _check_choice("tracker", self.tracker, TRACKERS)
         _check_choice("trainer_path", self.trainer_path, TRAINER_PATHS)
+        if not _DEVICE.fullmatch(self.device):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {_shown(self.device)}.")
         if self.micro_batch_size is not None and self.max_tokens_per_micro_batch is not None:
             raise ValueError("Set micro_batch_size or max_tokens_per_micro_batch, not both (set the other to None).")
         if self.micro_batch_size is None and self.max_tokens_per_micro_batch is None:
@@ -274,8 +283,7 @@ class RunConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value}.")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be positive for training rollouts, got {self.temperature}.")
-        if self.run_id and not _RUN_ID.match(self.run_id):
-            raise ValueError(f"run_id {self.run_id!r} must be letters, digits, '.', '_' or '-' (at most 128).")
+        self._check_names()
         if self.resume_every_collections < 0:
             raise ValueError(f"resume_every_collections must be >= 0, got {self.resume_every_collections}.")
         # SGLang server settings
@@ -296,6 +304,19 @@ class RunConfig:
 
             split_server_args(self.sglang_server_args)
         return plan
+
+    def _check_names(self) -> None:
+        """The run directory's name, the study's and the arm's: nothing a run writes may leave output_dir."""
+        check_name("study", self.study)
+        if self.run_id:
+            check_name("run_id", self.run_id)
+            if not _LABEL.match(self.arm):
+                raise ValueError(f"arm {self.arm!r} must be 1-128 characters without '/', '\\' or control characters.")
+        elif not _NAME.match(self.resolved_run_id):
+            raise ValueError(
+                f"the run directory name {self.resolved_run_id!r}, made from task, arm and seed, must be letters, "
+                f"digits, '.', '_' or '-'; choose such an arm name (now {self.arm!r}) or set run_id."
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -364,10 +385,7 @@ class RunConfig:
             with open(path) as f:
                 values = yaml.safe_load(f) or {}
         except yaml.YAMLError as error:
-            mark = getattr(error, "problem_mark", None)
-            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            problem = getattr(error, "problem", None) or "not valid YAML"
-            raise ValueError(f"{path}:{where}: {problem}; fix the YAML syntax there.") from None
+            raise ValueError(yaml_error(path, error)) from None
         if not isinstance(values, dict):
             raise ValueError(f"{path}: expected a mapping of run parameters, got {type(values).__name__}.")
         values.update(overrides or {})
@@ -455,6 +473,35 @@ def config_drift(recorded: dict[str, Any], cfg: RunConfig) -> list[str]:
     ]
 
 
+def check_name(what: str, value: Any) -> str:
+    """``value`` when it is safe as a directory or file name (run ids, study names); ValueError naming
+    ``what`` otherwise. The one rule for every name the suite turns into a path."""
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise ValueError(
+            f"{what} {value!r} must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit "
+            "(it names a directory)."
+        )
+    return value
+
+
+def inside(root: str | Path, *parts: str) -> Path:
+    """``root / parts``, resolved, after checking that it lies inside ``root`` (symbolic links followed):
+    every path the suite derives from a name goes through here before anything is written there."""
+    base = Path(root).resolve()
+    path = base.joinpath(*parts).resolve()
+    if path != base and base not in path.parents:
+        raise ValueError(f"{base.joinpath(*parts)} resolves to {path}, outside {base}; nothing is written there.")
+    return path
+
+
+def yaml_error(path: str | Path, error: Exception) -> str:
+    """One line for a YAML syntax error: the file, line and column, and what to fix."""
+    mark = getattr(error, "problem_mark", None)
+    where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = getattr(error, "problem", None) or "not valid YAML"
+    return f"{path}:{where}: {problem}; fix the YAML syntax there."
+
+
 def field_types() -> dict[str, Any]:
     """Each RunConfig field's declared type, resolved (``int | None`` -> ``int | None``)."""
     return typing.get_type_hints(RunConfig)
@@ -492,27 +539,49 @@ def parse_value(name: str, value: Any, declared: Any) -> Any:
             try:
                 value = int(text)
             except ValueError:
+                if re.fullmatch(r"[+-]?\d+", text):  # more digits than Python converts
+                    raise ValueError(f"{name} must be an integer below 2**63 in size, got {_shown(text)}.") from None
                 try:
                     value = float(text)
                 except ValueError:
-                    raise ValueError(f"{name} must be an integer, got {text!r}.") from None
+                    raise ValueError(f"{name} must be an integer, got {_shown(text)}.") from None
         if isinstance(value, float) and value.is_integer():
             raise ValueError(f"{name} must be an integer, got {value!r}; write {int(value)}.")
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{name} must be an integer, got {value!r}.")
+            raise ValueError(f"{name} must be an integer, got {_shown(value)}.")
+        _check_range(name, value)
         return value
     if kind is float:
         if isinstance(value, str):
             try:
-                return float(value.strip())
+                value = float(value.strip())
             except ValueError:
-                raise ValueError(f"{name} must be a number, got {value!r}.") from None
+                raise ValueError(f"{name} must be a number, got {_shown(value)}.") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{name} must be a number, got {value!r}.")
-        return float(value)
+            raise ValueError(f"{name} must be a number, got {_shown(value)}.")
+        try:
+            value = float(value)
+        except OverflowError:  # an integer too large for a float
+            value = math.inf
+        _check_range(name, value)
+        return value
     if kind is str and not isinstance(value, str):
-        raise ValueError(f"{name} must be a string, got {value!r}.")
+        raise ValueError(f"{name} must be a string, got {_shown(value)}.")
     return value
+
+
+def _shown(value: Any) -> str:
+    """A value for an error message, cut to a readable length."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _check_range(name: str, value: int | float) -> None:
+    """Numbers must be finite (a NaN or infinite setting trains nothing) and integers fit int64."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}.")
+    if isinstance(value, int) and not -INT_LIMIT <= value < INT_LIMIT:
+        raise ValueError(f"{name} must be an integer below 2**63 in size, got {_shown(value)}.")
 
 
 def _check_types(cfg: RunConfig) -> None:
@@ -531,9 +600,11 @@ def _check_types(cfg: RunConfig) -> None:
         if not ok:
             allowed = " or None" if optional else ""
             raise ValueError(
-                f"{name} must be {kind.__name__}{allowed}, got {value!r} ({type(value).__name__}); "
+                f"{name} must be {kind.__name__}{allowed}, got {_shown(value)} ({type(value).__name__}); "
                 "build configs with RunConfig.from_dict to parse strings."
             )
+        if kind in (int, float):
+            _check_range(name, value)
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

@@ -728,12 +728,27 @@ def _read_manifest(task: str, required: bool = True) -> dict | None:
             )
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        manifest = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
         raise ValueError(
             f"manifest {path} is not valid JSON (line {error.lineno}, column {error.colno}: "
             f"{error.msg}); restore it with git or rebuild it with `grpo-knobs data build`"
         ) from None
+    splits = manifest.get("splits") if isinstance(manifest, dict) else None
+    bad = [
+        split
+        for split in SPLITS
+        if not isinstance(splits, dict)
+        or not isinstance(entry := splits.get(split), dict)
+        or not isinstance(entry.get("sha256"), str)
+        or not isinstance(entry.get("rows"), int)
+    ]
+    if bad:
+        raise ValueError(
+            f"manifest {path} lacks split(s) {', '.join(bad)} (each with its rows and sha256); "
+            "restore it with git or rebuild it with `grpo-knobs data build`"
+        )
+    return manifest
 
 
 def _verify(task: str, split: str, problems: tuple[Problem, ...]) -> None:

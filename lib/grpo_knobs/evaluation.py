@@ -78,8 +78,10 @@ def run_test_job(study_dir: str | Path, job: dict) -> Path:
     ``problems`` (None = the whole split), ``device``, ``data_dir``. Writes
     ``<study_dir>/<run_id>/test.parquet`` and never overwrites an existing one.
     """
+    from .config import check_name, inside
     from .records import RunDir, atomic_write_json, atomic_write_parquet, evals_frame
 
+    inside(study_dir, check_name("run_id", job["run_id"]))  # test rows land in the study, nowhere else
     run = RunDir(Path(study_dir) / job["run_id"])
     if run.test_path.exists():
         raise FileExistsError(f"{run.test_path} already exists; terminal test results are never overwritten.")

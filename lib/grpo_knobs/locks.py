@@ -46,8 +46,11 @@ def exclusive(path: Path, what: str) -> Iterator[None]:
 
 
 def run_lock_path(output_dir: str | Path, run_id: str) -> Path:
-    """Beside the run directory, so that taking it creates nothing inside the run."""
-    return Path(output_dir) / ".locks" / f"{run_id}.lock"
+    """Beside the run directory, so that taking it creates nothing inside the run; in a folder of its own,
+    so that no run id names the study's lock."""
+    from .config import check_name
+
+    return Path(output_dir) / ".locks" / "runs" / f"{check_name('run_id', run_id)}.lock"
 
 
 def study_lock_path(study_dir: str | Path) -> Path:

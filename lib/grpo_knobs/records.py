@@ -7,14 +7,18 @@ new run id, or ``resume`` to continue from the last saved collection.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import gzip
 import json
+import math
 import os
 import re
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import pandas as pd
 
@@ -76,10 +80,192 @@ SAMPLE_FIELDS = ("collection", "responses", "prompt_id", "reward", "finish_reaso
 TIMING_FIELDS = ("generation", "trainer", "sync", "evaluation", "checkpoint", "init", "job", "other", "active_phase")
 STATUSES = ("running", "complete", "failed")
 _RESUME = re.compile(r"^resume-\d+$")
+# The collections.jsonl fields every record has held since the first run, and their kinds; fields added
+# later (entropy_mean, zero_advantage_fraction, group_reward_means, engine) are checked where present.
+COLLECTION_SCHEMA = {
+    "collection": "count",
+    "responses": "count",
+    "updates": "count",
+    "prompts": "count",
+    "distinct_prompts": "count",
+    "output_tokens": "count",
+    "output_tokens_cum": "count",
+    "response_length_max": "count",
+    "reward_mean": "number",
+    "mixed_group_fraction": "number",
+    "truncation_fraction": "number",
+    "response_length_mean": "number",
+    "active_seconds": "number",
+    "job_seconds": "number",
+    "logprob_mismatch": "number or null",
+    "peak_memory_gib": "number or null",
+    "seconds": "object of numbers",
+    "per_update": "list of objects of numbers",
+}
+OPTIONAL_COLLECTION_SCHEMA = {
+    "entropy_mean": "number or null",
+    "zero_advantage_fraction": "number or null",
+    "group_reward_means": "list of numbers",
+    "engine": "object",
+}
+# JSON integers beyond int64 are no count or id a run writes, and pandas and the trackers cannot hold them.
+_INT_LIMIT = 2**63
 
 
 class RunExistsError(FileExistsError):
     """Raised instead of overwriting a finished or partial run."""
+
+
+class RecordsError(ValueError):
+    """A record file that breaks the run-directory contract; the message names the file and line."""
+
+
+class RecordsWarning(UserWarning):
+    """Records read short: a torn last line (a kill while appending) was left out."""
+
+
+class CollectionRows(list):
+    """The rows of a ``collections.jsonl``; ``torn_line`` is the number of a torn last line that was left
+    out (a kill while appending it), else None."""
+
+    torn_line: int | None = None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a finite number")
+
+
+def _checked_int(text: str) -> int:
+    value = int(text)
+    if abs(value) >= _INT_LIMIT:
+        raise ValueError(f"the integer {text[:20]}{'...' if len(text) > 20 else ''} is out of range")
+    return value
+
+
+def _checked_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:20]} is not a finite number")
+    return value
+
+
+def loads_finite(text: str) -> Any:
+    """``json.loads`` that refuses NaN, Infinity and integers beyond int64 (ValueError)."""
+    return json.loads(text, parse_constant=_reject_constant, parse_int=_checked_int, parse_float=_checked_float)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _kind_error(kind: str, value: Any) -> str | None:
+    """Why ``value`` is not of ``kind`` (a COLLECTION_SCHEMA kind), or None."""
+    ok = {
+        "count": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+        "number": _is_number,
+        "number or null": lambda v: v is None or _is_number(v),
+        "object": lambda v: isinstance(v, dict),
+        "object of numbers": lambda v: isinstance(v, dict) and all(_is_number(x) for x in v.values()),
+        "list of numbers": lambda v: isinstance(v, list) and all(_is_number(x) for x in v),
+        "list of objects of numbers": lambda v: (
+            isinstance(v, list)
+            and all(isinstance(u, dict) and all(x is None or _is_number(x) for x in u.values()) for u in v)
+        ),
+    }[kind](value)
+    if ok:
+        return None
+    shown = json.dumps(value)
+    return f"must be {'a non-negative integer' if kind == 'count' else 'a ' + kind}, got {shown[:60]}"
+
+
+def check_collection_row(row: Any) -> str | None:
+    """What is wrong with one parsed ``collections.jsonl`` row, or None when it follows the schema."""
+    if not isinstance(row, dict):
+        return f"expected a JSON object, got {json.dumps(row)[:60]}"
+    missing = [k for k in COLLECTION_SCHEMA if k not in row]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    for schema in (COLLECTION_SCHEMA, OPTIONAL_COLLECTION_SCHEMA):
+        for key, kind in schema.items():
+            if key in row and (error := _kind_error(kind, row[key])):
+                return f"{key} {error}"
+    return None
+
+
+def read_collections(path: str | Path, torn_tail_ok: bool = False) -> CollectionRows:
+    """Every row of a ``collections.jsonl``, each checked: a JSON object with the schema's keys and types
+    and finite numbers, the collections numbered 0, 1, 2, ... Raises :class:`RecordsError` naming the
+    file and line of the first bad row, so no reader silently stops early or reads a row twice.
+
+    Args:
+        path: the file; a missing file has no rows.
+        torn_tail_ok: leave out a last line that lacks its newline and does not parse (the trainer
+            appends each row in one write, so only a kill mid-write leaves one) and note its number in
+            ``torn_line``; else it is an error too.
+    """
+    path = Path(path)
+    rows = CollectionRows()
+    if not path.exists():
+        return rows
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    for number, raw in enumerate(lines, start=1):
+        last = number == len(lines)  # the text after the final newline: "" for a whole file
+        if not raw.strip():
+            continue
+        try:
+            row = loads_finite(raw.decode("utf-8"))
+            error = check_collection_row(row)
+        except (ValueError, UnicodeDecodeError) as exc:
+            row, error = None, f"not valid JSON ({' '.join(str(exc).split())[:80]})"
+        if error is None and row["collection"] != len(rows):  # rows are collections 0, 1, 2, ... in order
+            error = f"collection {row['collection']} where {len(rows)} is due (a row missing, repeated or moved)"
+        if error is None:
+            rows.append(row)
+            continue
+        if last and torn_tail_ok:
+            rows.torn_line = number
+            warnings.warn(
+                f"{path} line {number} is a torn last line (cut by a kill while it was written); "
+                f"read the {len(rows)} whole rows before it",
+                RecordsWarning,
+                stacklevel=2,
+            )
+            break
+        if last:  # only a kill mid-write leaves one, and resuming redoes that collection
+            raise RecordsError(f"{path} line {number}: a torn last line ({error}); resume the run to redo it")
+        raise RecordsError(
+            f"{path} line {number}: {error}; only the trainer writes records: restore the file from a copy, "
+            "or move the run away and run it again"
+        )
+    return rows
+
+
+class WriteError(OSError):
+    """A writer of large files (safetensors, torch.save) had a write refused part-way (disk, quota, size limit)."""
+
+
+# How safetensors ("... (os error 28)") and torch.save's zip writer ("unexpected pos ...", "... failed
+# writing file ...") report a write the system refused.
+_WRITE_FAILED = re.compile(r"os error \d+|unexpected pos \d+|failed writing file", re.IGNORECASE)
+
+
+@contextlib.contextmanager
+def writing_folder(folder: Path) -> Iterator[None]:
+    """Write a temporary folder in the block; on an error the folder is removed (freeing what it took). A
+    write the system refused (a full disk, a quota, a file-size limit), which safetensors and torch.save
+    report in their own words, becomes the OSError it stands for (:class:`WriteError`)."""
+    try:
+        yield
+    except Exception as exc:
+        shutil.rmtree(folder, ignore_errors=True)
+        text = " ".join(str(exc).split())
+        if isinstance(exc, OSError) or not _WRITE_FAILED.search(text):
+            raise
+        code = re.search(r"os error (\d+)", text)
+        if code:
+            raise WriteError(int(code.group(1)), os.strerror(int(code.group(1))), str(folder)) from exc
+        raise WriteError(errno.EIO, f"a write was cut short ({text[:100]})", str(folder)) from exc
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -230,27 +416,20 @@ class RunDir:
         missing = [k for k in COLLECTION_FIELDS if k not in row]
         if missing:
             raise ValueError(f"collection record lacks {missing}")
-        line = json.dumps(row, sort_keys=True, default=float) + "\n"
+        line = json.dumps(row, sort_keys=True, default=float, allow_nan=False) + "\n"  # readers refuse NaN
         with open(self.collections_path, "a") as f:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
 
-    def collections(self) -> list[dict]:
-        if not self.collections_path.exists():
-            return []
-        rows = []
-        with open(self.collections_path) as f:
-            for line in f:
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError:
-                        break  # a torn last line from a kill; everything before it is whole
-        return rows
+    def collections(self) -> CollectionRows:
+        """Every row, checked (:func:`read_collections`); a torn last line from a kill is left out."""
+        return read_collections(self.collections_path, torn_tail_ok=True)
 
     def truncate_collections(self, keep: int) -> None:
-        rows = self.collections()[:keep]
+        with warnings.catch_warnings():  # a torn last line is dropped here on purpose: its collection is redone
+            warnings.simplefilter("ignore", RecordsWarning)
+            rows = self.collections()[:keep]
         atomic_write_bytes(self.collections_path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode())
 
     def append_samples(self, rows: list[dict]) -> None:

@@ -253,7 +253,9 @@ def output_html(output: Any, figure_label: str) -> tuple[str, int]:
         return _pre(text, "out error"), len(text)
     data = output.get("data", {})
     if "image/png" in data:
-        b64 = "".join(data["image/png"].split())
+        b64 = "".join(str(data["image/png"]).split())
+        if not _BASE64.fullmatch(b64):  # anything else could close the attribute and add its own
+            return f"<p class=note>{html.escape(figure_label)}: an image output that is not base64, left out</p>", 0
         return f'<figure><img alt="{html.escape(figure_label)}" src="data:image/png;base64,{b64}"></figure>', 0
     if "image/svg+xml" in data:
         svg = base64.b64encode(data["image/svg+xml"].encode()).decode()
@@ -265,10 +267,41 @@ def output_html(output: Any, figure_label: str) -> tuple[str, int]:
     return "", 0
 
 
+_BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
+# What a notebook's Markdown may put on the page: text structure, tables, code, links. No script,
+# no event handlers, no frames, forms, styles or images (figures come from image outputs), and
+# links only to this page (#...), the web or mail: the report is meant to be shared.
+_MARKDOWN_TAGS = frozenset(
+    "a abbr b blockquote br code dd del details div dl dt em h1 h2 h3 h4 h5 h6 hr i kbd li ol p pre s "
+    "span strong sub summary sup table tbody td tfoot th thead tr ul".split()
+)
+_MARKDOWN_ATTRIBUTES = {
+    "a": ["href", "title", "class"],
+    **{f"h{n}": ["id"] for n in range(1, 7)},
+    "th": ["style", "align"],
+    "td": ["style", "align"],
+    "div": ["class"],
+    "span": ["class"],
+    "code": ["class"],
+}
+
+
 def _markdown(source: str) -> str:
+    """Markdown (a cell, or a ``text/markdown`` output) as sanitised HTML: raw HTML in it is reduced to
+    :data:`_MARKDOWN_TAGS`, so a crafted notebook runs no script in the page."""
+    import bleach  # nbconvert's own sanitiser (SanitizeHTML) is built on it
+    from bleach.css_sanitizer import CSSSanitizer
     from nbconvert.filters.markdown_mistune import markdown2html_mistune
 
-    return markdown2html_mistune(source)
+    return bleach.clean(
+        markdown2html_mistune(str(source)),
+        tags=_MARKDOWN_TAGS,
+        attributes=_MARKDOWN_ATTRIBUTES,
+        protocols={"http", "https", "mailto"},
+        css_sanitizer=CSSSanitizer(allowed_css_properties=["text-align"]),
+        strip=True,
+        strip_comments=True,
+    )
 
 
 _HEADING = re.compile(r'<h([1-6])(?: id="[^"]*")?>(.*?)(?:<a class="anchor-link"[^>]*>[^<]*</a>)?</h\1>', re.DOTALL)

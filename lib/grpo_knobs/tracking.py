@@ -27,13 +27,14 @@ import contextlib
 import datetime as dt
 import math
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
 import numpy as np
 import pandas as pd
 
-from .records import RunDir, read_json
+from .records import RecordsError, RunDir, loads_finite
 
 KINDS = ("tensorboard", "trackio")
 X_AXES = ("responses", "updates", "seconds")
@@ -313,11 +314,29 @@ class NullTracker:
         pass
 
 
+def writable_directory(path: str | Path, what: str) -> Path:
+    """``path``, created if needed, after checking that a file can be written there; OSError naming ``what``
+    otherwise. Run before a run's directory is made, so a bad setting leaves nothing behind."""
+    import tempfile
+
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise OSError(exc.errno, f"{what} {path} is not a writable directory ({exc.strerror or exc})") from None
+    return path
+
+
 def open_tracker(cfg: Any) -> Tracker | NullTracker:
     """The live tracker a ``RunConfig`` asks for (``tracker``, ``tracking_dir``), or a NullTracker."""
     if cfg.tracker == "none":
         return NullTracker()
-    directory = Path(cfg.tracking_dir) if cfg.tracking_dir else cfg.run_dir / "tracking" / cfg.tracker
+    if cfg.tracking_dir:
+        directory = writable_directory(cfg.tracking_dir, "tracking_dir")
+    else:  # inside the run directory, made at the first write (a new run's directory starts empty)
+        directory = cfg.run_dir / "tracking" / cfg.tracker
     return Tracker(
         cfg.tracker,
         directory,
@@ -360,43 +379,83 @@ def _start_time(meta: dict) -> float | None:
         return None
 
 
+def _read_json_object(path: Path) -> dict:
+    """A JSON object file with finite numbers only, or RecordsError naming the file."""
+    try:
+        value = loads_finite(path.read_text())
+    except ValueError as exc:
+        raise RecordsError(f"{path}: not valid JSON ({' '.join(str(exc).split())[:80]})") from None
+    if not isinstance(value, dict):
+        raise RecordsError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _read_frame(path: Path) -> pd.DataFrame:
+    """Per-problem evaluation rows with the columns an export reads, or RecordsError naming the file."""
+    try:
+        frame = pd.read_parquet(path)
+    except (OSError, ValueError) as exc:
+        raise RecordsError(f"{path}: not a readable parquet file ({' '.join(str(exc).split())[:80]})") from None
+    needed = ["split", "responses", "updates", "active_seconds", "job_seconds", "correct", "correct_strict"]
+    missing = [c for c in needed + ["response_length", "truncated"] if c not in frame.columns]
+    if missing:
+        raise RecordsError(f"{path}: lacks columns {missing}")
+    return frame
+
+
+@dataclass
+class _RunRecords:
+    """Everything an export writes for one run, read and checked before anything is written."""
+
+    run: RunDir
+    meta: dict
+    rows: list[dict]
+    evals: list[pd.DataFrame]
+    timings: dict | None
+
+
+def _read_run(run_dir: str | Path) -> _RunRecords:
+    run = RunDir(run_dir)
+    meta = _read_json_object(run.config_path)
+    if not isinstance(meta.get("config", {}), dict):
+        raise RecordsError(f"{run.config_path}: 'config' must be a JSON object")
+    evals = [_read_frame(p) for p in (run.evals_path, run.test_path) if p.is_file()]
+    timings = _read_json_object(run.timings_path) if run.timings_path.is_file() else None
+    return _RunRecords(run, meta, run.collections(), evals, timings)
+
+
 def export_run(
-    run_dir: str | Path, kind: str, out: str | Path, x: str = "responses", project: str | None = None
+    run_dir: str | Path | _RunRecords, kind: str, out: str | Path, x: str = "responses", project: str | None = None
 ) -> int:
     """Write one run's records to a tracker in ``out``; returns the number of points written."""
-    run = RunDir(run_dir)
-    meta = read_json(run.config_path)
+    rec = run_dir if isinstance(run_dir, _RunRecords) else _read_run(run_dir)
+    meta, rows = rec.meta, rec.rows
     cfg = meta.get("config", {})
+    batch = cfg.get("global_batch_size")
     start = _start_time(meta)
 
     def wall(job_seconds: float) -> float | None:
         return start + float(job_seconds) if start is not None else None
 
-    rows = run.collections()
     written = 0
     with Tracker(
         kind,
         out,
-        meta.get("run_id", run.path.name),
-        project=project or meta.get("study") or "grpo-knobs",
+        str(meta.get("run_id", rec.run.path.name)),
+        project=str(project or meta.get("study") or "grpo-knobs"),
         x=x,
-        batch_size=cfg.get("global_batch_size"),
+        batch_size=batch if isinstance(batch, int) and not isinstance(batch, bool) and batch > 0 else None,
         config=cfg,
         buffered=True,
     ) as tracker:
         for row in rows:
             written += tracker.log_collection(row, wall(row["job_seconds"]))
-        evals = [run.evals()] + ([pd.read_parquet(run.test_path)] if run.test_path.is_file() else [])
-        for frame in evals:
+        for frame in rec.evals:
             for _, group in frame.groupby(["split", "responses"], sort=True):
                 written += tracker.log_eval(group, wall(group["job_seconds"].iloc[0]))
-        if rows and run.timings_path.is_file():
+        if rows and rec.timings is not None:
             # the run's totals, init / evaluation / checkpoint included, at its last point
-            totals = {
-                f"total/{k}_seconds": float(v)
-                for k, v in sorted(read_json(run.timings_path).items())
-                if _number(v) is not None
-            }
+            totals = {f"total/{k}_seconds": float(v) for k, v in sorted(rec.timings.items()) if _number(v) is not None}
             last = rows[-1]
             tracker.write(
                 [(x_value(x, last["responses"], last["updates"], last["active_seconds"]), totals)],
@@ -418,8 +477,13 @@ def export(
     if x not in X_AXES:
         raise ValueError(f"--x must be one of {', '.join(X_AXES)}, got {x!r}.")
     runs = run_directories(path)
+    # Every run's records are read and checked before anything is written: a bad line stops the export
+    # whole, naming its file and line, instead of leaving it short. (A torn last line, cut by a kill, is
+    # left out with a RecordsWarning.)
+    records = [_read_run(run_dir) for run_dir in runs]
+    _require(kind)
     out = Path(out) if out else Path(path) / "tracking" / kind
     out.mkdir(parents=True, exist_ok=True)
-    for run_dir in runs:
-        export_run(run_dir, kind, out, x=x, project=project)
+    for rec in records:
+        export_run(rec, kind, out, x=x, project=project)
     return out, [r.name for r in runs]

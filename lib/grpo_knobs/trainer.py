@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import os
 import shutil
-import signal
 import sys
 import time
 import traceback
@@ -27,11 +27,12 @@ import torch
 from tqdm.auto import tqdm
 
 from . import data as data_mod
-from .config import RunConfig, config_drift
+from .config import RunConfig, config_drift, inside
 from .determinism import DIGEST_FILE, weights_sha256, write_digest
 from .evaluation import encode_prompts, evaluate
 from .grpo import (
     STAT_NAMES,
+    UPDATE_VALUES,
     Sequence,
     clipped_surrogate_loss,
     collate,
@@ -56,12 +57,14 @@ from .packing import (
 )
 from .prompts import prompt_version
 from .provenance import git_commit, package_versions, source_sha256
-from .records import RunDir, atomic_write_json, fsync_tree, read_json
+from .records import RunDir, atomic_write_json, fsync_tree, read_json, writing_folder
 from .rollout.base import Generation
 from .runtime import (
     DIE_WITH_PARENT_ENV,
+    check_interrupted,
     deterministic_mode,
     die_with_parent,
+    interrupts,
     resolve_device,
     seed_everything,
     sync_cuda,
@@ -185,16 +188,22 @@ class Trainer:
     def run_loop(self) -> Path:
         """Run (or resume, or finish) the run under its one-writer lock; returns the run directory."""
         cfg = self.cfg
+        inside(cfg.output_dir, cfg.resolved_run_id)  # a planted symbolic link does not lead the run elsewhere
         lock = exclusive(run_lock_path(cfg.output_dir, cfg.resolved_run_id), f"run {self.run.path}")
         with lock, deterministic_mode(cfg.deterministic) as self.determinism:
             resuming = self.run.check_new(cfg.resume)  # refuses to overwrite, before any slow set-up
-            if resuming and self.run.is_complete():
-                return self.run.path
             if resuming:
+                # A complete run too: one run never answers for two configs.
                 self._check_recorded_config()
-            self.setup()  # model, data, engine: a failure here leaves no run directory behind
-            self.run.path.mkdir(parents=True, exist_ok=True)
+                self.run.collections()  # a bad record line stops the resume here, naming it
+            if resuming and self.run.is_complete():
+                self.run.prune_resume_states(keep=None)  # left by a kill between "complete" and the pruning
+                return self.run.path
+            # Model, data, engine, an explicit tracking_dir: a failure here leaves no run directory behind,
+            # so the corrected command runs as a new run.
+            self.setup()
             self.tracker = open_tracker(cfg)
+            self.run.path.mkdir(parents=True, exist_ok=True)
             try:
                 self._train_and_finish(resuming)
             except BaseException as exc:
@@ -217,6 +226,7 @@ class Trainer:
             if start == 0:  # the initial model's accuracy is the curve's first point
                 bar.set_postfix(val=f"{self.evaluate(0, counters):.3f}")
             for c in range(start, n_coll):
+                check_interrupted()  # a Ctrl-C whose KeyboardInterrupt was lost still stops the run here
                 before = {k: self.clock.seconds[k] for k in ("generation", "trainer", "sync")}
                 # 1. Generate P x G responses with the current weights and grade them.
                 batch = self.collect(c)
@@ -383,8 +393,10 @@ class Trainer:
             steps = [self._update(s, batch.seqs, adv, old_logp, ref_logp) for s in slices]
             # The one wait for the device in this phase: every update's statistics, then the
             # log-probs for the diagnostics, come back together.
-            values = torch.stack([v for v, _ in steps]).tolist()  # [S, len(UPDATE_VALUES)]
-            updates = [update_record(v, micro) for v, (_, micro) in zip(values, steps)]
+            values = torch.stack([v for v, _ in steps]).tolist()  # [S, len(UPDATE_VALUES) + 1]
+            # Nothing non-finite is recorded or trained on: stop before this collection counts.
+            check_finite(values, batch.index, len(slices))
+            updates = [update_record(v[:-1], micro) for v, (_, micro) in zip(values, steps)]
             old_logp = logprobs_to_host(old_logp)
         return updates, _collection_diagnostics(batch, adv, old_logp, g)
 
@@ -401,8 +413,8 @@ class Trainer:
         Entries of ``old_logp`` that are None are taken from this step's own forward pass
         (detached) and stored back. Micro-batches only bound memory: each adds its share of the
         loss over the whole slice, so the gradient is the same for any packing. Returns the
-        step's ``UPDATE_VALUES`` (on the device for the packed path, which never waits for it)
-        and its number of micro-batches.
+        step's ``UPDATE_VALUES`` and the largest absolute weight after it (on the device for the
+        packed path, which never waits for it) and its number of micro-batches.
         """
         cfg = self.cfg
         self.optimizer.zero_grad(set_to_none=True)
@@ -425,7 +437,10 @@ class Trainer:
             values = self._update_padded(idx, seqs, micro, adv, old_logp, ref_logp)  # [8]
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)  # stays on the device
         self.optimizer.step()
-        return torch.cat([values, grad_norm.to(values)[None]]), len(micro)
+        # The largest weight after the step (one fused pass, read back with the statistics): a step
+        # that overflows a weight shows here even when its loss and gradient norm were finite.
+        weight_max = torch.nn.utils.get_total_norm([p.detach() for p in self.model.parameters()], float("inf"))
+        return torch.cat([values, grad_norm.to(values)[None], weight_max.to(values)[None]]), len(micro)
 
     def _update_padded(self, idx, seqs, micro, adv, old_logp, ref_logp) -> torch.Tensor:
         """Forward, loss and backward over right-padded micro-batches; returns the loss and
@@ -584,7 +599,7 @@ class Trainer:
 
     def _record_failure(self, exc: BaseException) -> None:
         """Best effort: the original error must surface even when the disk is full."""
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, ValueError):
             self._write_timings()
             interrupted = isinstance(exc, KeyboardInterrupt)
             self.run.write_state(
@@ -630,27 +645,28 @@ class Trainer:
             tmp = final.with_name(f".{final.name}.tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
-            save_model(self.model, str(tmp / "model.safetensors"))  # handles tied embeddings
-            torch.save(
-                {
-                    "optimizer": self.optimizer.state_dict(),
-                    "torch_rng": torch.get_rng_state(),
-                    "numpy_rng": np.random.get_state(),
-                },
-                tmp / "optimizer.pt",
-            )
-            fsync_tree(tmp)
-            # state.json last: its presence marks the folder complete.
-            atomic_write_json(
-                tmp / "state.json",
-                {
-                    "collections_done": collections_done,
-                    "counters": counters,
-                    "sampler": self.sampler.state(),
-                    "seconds": self.clock.seconds,
-                    "job_seconds": self.clock.job,
-                },
-            )
+            with writing_folder(tmp):  # a full disk is one OSError, and the partial folder is removed
+                save_model(self.model, str(tmp / "model.safetensors"))  # handles tied embeddings
+                torch.save(
+                    {
+                        "optimizer": self.optimizer.state_dict(),
+                        "torch_rng": torch.get_rng_state(),
+                        "numpy_rng": np.random.get_state(),
+                    },
+                    tmp / "optimizer.pt",
+                )
+                fsync_tree(tmp)
+                # state.json last: its presence marks the folder complete.
+                atomic_write_json(
+                    tmp / "state.json",
+                    {
+                        "collections_done": collections_done,
+                        "counters": counters,
+                        "sampler": self.sampler.state(),
+                        "seconds": self.clock.seconds,
+                        "job_seconds": self.clock.job,
+                    },
+                )
             shutil.rmtree(final, ignore_errors=True)  # a same-N state from an earlier attempt
             os.replace(tmp, final)
             self.run.prune_resume_states(keep=final)
@@ -679,6 +695,7 @@ class Trainer:
     # ----------------------------------------------------------------- finish
     def _finish(self, n_coll: int) -> None:
         """Each step can be repeated, so a run killed while finishing finishes on resume."""
+        check_interrupted()
         if not self.run.final_path.exists():  # the weights in memory are the run's final weights
             with self.clock.phase("checkpoint"):
                 write_digest(self.run, self.cfg.deterministic, weights_sha256(self.model))
@@ -687,6 +704,7 @@ class Trainer:
         elif not (self.run.path / DIGEST_FILE).exists():  # finished by older code: no weights hash to give
             write_digest(self.run, self.cfg.deterministic, None)
         self._write_timings()
+        check_interrupted()  # not "complete" after a Ctrl-C, however late
         self.run.write_state("complete", n_coll)
         self.run.prune_resume_states(keep=None)
 
@@ -711,6 +729,29 @@ def resolve_trainer_path(trainer_path: str, model: torch.nn.Module, device: torc
     return trainer_path
 
 
+class NonFiniteError(RuntimeError):
+    """A loss, gradient norm, update statistic or weight turned NaN or infinite; the run stops there."""
+
+
+def check_finite(values: list[list[float]], collection: int, steps: int) -> None:
+    """Raise :class:`NonFiniteError` at the first update whose ``UPDATE_VALUES`` or largest weight (the
+    last entry) is not finite, naming the collection and update."""
+    names = (*UPDATE_VALUES, "largest weight")
+    for k, row in enumerate(values):
+        bad = [name for name, value in zip(names, row) if not math.isfinite(value)]
+        if bad:
+            shown = ", ".join(f"{name} {row[names.index(name)]}" for name in bad)
+            raise NonFiniteError(
+                f"training stopped at collection {collection}, update {collection * steps + k + 1} "
+                f"(update {k + 1} of its {steps}): non-finite {shown}. The run is marked failed and keeps nothing "
+                "of this collection; resume=true continues from its last saved state (or use a lower lr, new run_id)."
+            )
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return value if value is None or math.isfinite(value) else None
+
+
 def _collection_diagnostics(batch: Collection, adv: torch.Tensor, old_logp: list[torch.Tensor], g: int) -> dict:
     """Engine/trainer log-prob mismatch, the entropy estimate and the zero-advantage share."""
     gen = batch.generation
@@ -720,10 +761,11 @@ def _collection_diagnostics(batch: Collection, adv: torch.Tensor, old_logp: list
         mismatch = float(torch.cat(diffs).abs().mean()) if diffs else None
     sampled = torch.cat(old_logp) if old_logp else torch.zeros(0)  # [tokens]
     return {
-        "logprob_mismatch": mismatch,
+        # None where undefined, or where an engine reported a log-prob of -inf (records hold finite numbers)
+        "logprob_mismatch": _finite_or_none(mismatch),
         # -log p of tokens sampled from the policy at this temperature: an unbiased estimate of the
         # mean token entropy, with no pass over the vocabulary.
-        "entropy_mean": float(-sampled.mean()) if sampled.numel() else None,
+        "entropy_mean": _finite_or_none(float(-sampled.mean())) if sampled.numel() else None,
         "zero_advantage_fraction": float((adv.view(-1, g) == 0).all(dim=1).float().mean()),
     }
 
@@ -776,9 +818,10 @@ def save_checkpoint(model: torch.nn.Module, tokenizer, path: Path) -> None:
     """Write a safetensors checkpoint folder atomically (temporary folder, then rename)."""
     tmp = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    fsync_tree(tmp)
+    with writing_folder(tmp):
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        fsync_tree(tmp)
     if path.exists():
         raise FileExistsError(f"{path} already exists; checkpoints are never overwritten.")
     os.replace(tmp, path)
@@ -790,23 +833,7 @@ def train(cfg: RunConfig | dict, progress: bool = True) -> Path:
         cfg = RunConfig.from_dict(cfg)
     if os.environ.get(DIE_WITH_PARENT_ENV):
         die_with_parent()
-    # SIGTERM (a study stopped, a scheduler's kill) ends the run like Ctrl-C: recorded as
-    # interrupted and resumable.
-    previous = _interrupt_on_sigterm()
-    try:
+    # Ctrl-C and SIGTERM (a study stopped, a scheduler's kill) end the run recorded as interrupted and
+    # resumable; the loop checks for one whose KeyboardInterrupt Python dropped (runtime.interrupts).
+    with interrupts():
         return Trainer(cfg, progress=progress).run_loop()
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def _interrupt_on_sigterm():
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt("terminated")
-
-    return signal.signal(signal.SIGTERM, handler)

@@ -15,6 +15,7 @@ from grpo_knobs.analysis.constants import PHASES, SHAPE_COLUMNS, STUDY_RECIPE_NA
 from grpo_knobs.analysis.curves import _curve_endpoints, _test_endpoints, eval_curves
 from grpo_knobs.analysis.ordering import order_tasks
 from grpo_knobs.locations import REFERENCE_CSV
+from grpo_knobs.records import read_collections
 
 EVAL_COLUMNS = (
     "run_id",
@@ -180,27 +181,26 @@ def _trainer_path(meta: dict, collections: pd.DataFrame) -> tuple[str, str]:
     return "unknown", "trainer_path=auto, unrecorded"
 
 
-def _load_collections(path: Path, run_id: str) -> pd.DataFrame:
-    """``collections.jsonl`` -> frame; ``seconds`` and ``per_update`` flattened to scalars."""
+def _load_collections(path: Path, run_id: str, torn_tail_ok: bool = False) -> pd.DataFrame:
+    """``collections.jsonl`` -> frame; ``seconds`` and ``per_update`` flattened to scalars.
+
+    Every row is checked (:func:`grpo_knobs.records.read_collections`): a bad one raises, naming the file
+    and line, rather than leaving the run short. ``torn_tail_ok`` (a run still being written, or killed)
+    leaves out a torn last line with a warning.
+    """
     rows = []
-    with path.open() as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            rec = json.loads(line)
-            seconds = rec.pop("seconds")
-            per_update = rec.pop("per_update", None) or []
-            rec.update({f"{k}_seconds": seconds.get(k) for k in ("generation", "trainer", "sync")})
-            for key in ("clip_fraction", "approx_kl", "grad_norm"):
-                vals = [u[key] for u in per_update if u.get(key) is not None]
-                rec[f"{key}_mean"] = float(np.mean(vals)) if vals else np.nan
-            # each update's mean tokens per micro-batch, the largest: tells a packed run that did not record its path
-            sizes = [
-                u["tokens"] / u["micro_batches"] for u in per_update if u.get("tokens") and u.get("micro_batches")
-            ]
-            rec["micro_batch_tokens_max"] = max(sizes) if sizes else np.nan
-            rec["run_id"] = run_id
-            rows.append(rec)
+    for rec in read_collections(path, torn_tail_ok=torn_tail_ok):
+        seconds = rec.pop("seconds")
+        per_update = rec.pop("per_update", None) or []
+        rec.update({f"{k}_seconds": seconds.get(k) for k in ("generation", "trainer", "sync")})
+        for key in ("clip_fraction", "approx_kl", "grad_norm"):
+            vals = [u[key] for u in per_update if u.get(key) is not None]
+            rec[f"{key}_mean"] = float(np.mean(vals)) if vals else np.nan
+        # each update's mean tokens per micro-batch, the largest: tells a packed run that did not record its path
+        sizes = [u["tokens"] / u["micro_batches"] for u in per_update if u.get("tokens") and u.get("micro_batches")]
+        rec["micro_batch_tokens_max"] = max(sizes) if sizes else np.nan
+        rec["run_id"] = run_id
+        rows.append(rec)
     frame = pd.DataFrame(rows)
     _require_columns(frame, [c for c in COLLECTION_COLUMNS if c != "seconds"], f"{path.parent.name}/collections.jsonl")
     return frame
@@ -310,7 +310,8 @@ def load_study(study_dir: str | Path, statuses: Sequence[str] = ("complete",)) -
         if missing:
             skipped.append({"run_id": row["run_id"], "status": f"{status}, but no {' or '.join(missing)}"})
             continue
-        c = _load_collections(run_dir / "collections.jsonl", row["run_id"])
+        # a complete run's records are whole; a running or failed one may end in a torn line
+        c = _load_collections(run_dir / "collections.jsonl", row["run_id"], torn_tail_ok=status != "complete")
         row["trainer_path"], row["trainer_path_source"] = _trainer_path(meta, c)
         timings_path = run_dir / "timings.json"
         timings = _read_json(timings_path) if timings_path.is_file() else _timings_so_far(c)

@@ -50,9 +50,14 @@ def run_analysis(
     notebook is kept there too, so a reader sees the numbers behind every figure. Targets
     come from the study's ``plan.json``.
     """
+    import papermill as pm
     from tqdm.auto import tqdm
 
+    from ..runtime import interrupted, interrupts
+
     study_dir = Path(study_dir).resolve()
+    if not study_dir.is_dir():
+        raise FileNotFoundError(f"no study directory at {study_dir}; give the folder a study wrote its runs to")
     out = Path(out_dir).resolve() if out_dir else study_dir / "figures"
     out.mkdir(parents=True, exist_ok=True)
     plan_file = study_dir / "plan.json"
@@ -65,14 +70,23 @@ def run_analysis(
         if targets and name == "56_critical_batch":
             params["targets"] = {task: values[0] for task, values in targets.items() if values}
         target = out / f"{name}.ipynb"
-        execute_notebook(
-            notebook(name),  # the workspace's copy where there is one
-            target,
-            parameters=params,
-            cwd=str(project_root()),
-            progress_bar=False,
-            kernel_name="python3",
-        )
+        try:
+            with interrupts():
+                execute_notebook(
+                    notebook(name),  # the workspace's copy where there is one
+                    target,
+                    parameters=params,
+                    cwd=str(project_root()),
+                    progress_bar=False,
+                    kernel_name="python3",
+                )
+        except pm.PapermillExecutionError as exc:  # the executed notebook, with its traceback, is kept
+            error = " ".join(f"{exc.ename}: {exc.evalue}".split())[:300]
+            raise RuntimeError(f"{name} failed: {error} (see {target})") from None
+        except Exception:
+            if interrupted():  # a Ctrl-C, whatever the kernel client raised on its way out
+                raise KeyboardInterrupt("interrupted") from None
+            raise
         written.append(target)
     return written
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from ..config import RunConfig
+from ..config import RunConfig, check_name, yaml_error
 from ..knobs import KNOB_NAMES, LR_FOLLOWUP_ARM, STUDY_ARMS, Arm
 from ..locations import preset_dirs, project_root
 from ..records import read_json
@@ -196,7 +196,10 @@ def load_spec(preset_or_path: str | Path, params: dict[str, Any] | None = None) 
     """Read a plan file and substitute its parameters. Returns (spec, path, params used)."""
     path = preset_path(preset_or_path)
     with open(path) as f:
-        raw = yaml.safe_load(f) or {}
+        try:
+            raw = yaml.safe_load(f) or {}
+        except yaml.YAMLError as error:
+            raise PlanError(yaml_error(path, error)) from None
     if not isinstance(raw, dict):
         raise PlanError(f"{path}: a study plan is a mapping, got {type(raw).__name__}.")
     unknown = set(raw) - _TOP_KEYS
@@ -213,6 +216,12 @@ def load_spec(preset_or_path: str | Path, params: dict[str, Any] | None = None) 
     for key in ("name", "tasks"):
         if not spec.get(key):
             raise PlanError(f"{path}: the plan needs {key!r}.")
+    try:  # the study's name is its default directory and every run's label
+        check_name("the study name", spec["name"])
+    except ValueError as exc:
+        raise PlanError(f"{path}: {exc}") from None
+    if not isinstance(spec["tasks"], dict):
+        raise PlanError(f"{path}: 'tasks' must be a mapping of task names to their settings.")
     return spec, path, used
 
 

@@ -3,13 +3,16 @@ runs, resuming killed ones and recording failures."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -19,12 +22,13 @@ from typing import Any, Iterable
 from ..config import RunConfig, config_drift
 from ..locks import exclusive, study_lock_path
 from ..records import RunDir, atomic_write_json, read_json
-from ..runtime import DIE_WITH_PARENT_ENV, die_with_parent
+from ..runtime import DIE_WITH_PARENT_ENV, check_interrupted, die_with_parent, interrupts
 from .planning import PHASE_ORDER, Plan, PlanError, PlannedRun, plan
 from .presenting import plan_to_json
 from .scheduling import check_scheduler, execute_on_ray
 from .selection import select
 from .units import (
+    INTERRUPTED_EXIT,
     JobResult,
     ResultTally,
     _execute_unit,
@@ -47,7 +51,7 @@ class StudyReport:
 
     @property
     def failed(self) -> list[JobResult]:
-        return [r for r in self.results if r.status in ("failed", "blocked")]
+        return [r for r in self.results if r.status in ("failed", "blocked", "interrupted")]
 
     @property
     def ok(self) -> bool:
@@ -99,69 +103,139 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
-def _execute_in_worker(unit: dict, threads: int, gpu: str | None = None) -> JobResult:
+# Seconds a worker has to record its run as interrupted after a Ctrl-C, then after SIGTERM, before SIGKILL.
+WORKER_STOP_SECONDS = (120, 30)
+
+
+class _Workers:
+    """The worker processes of one phase. Each runs in a session of its own, so a Ctrl-C in the
+    terminal reaches only the study, which passes exactly one interrupt on to each worker."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.stopping = False
+        self.procs: set[subprocess.Popen] = set()
+
+    def start(self, *args, **kwargs) -> subprocess.Popen | None:
+        """Popen(...) unless the phase is stopping (then None: a queued run never starts)."""
+        with self.lock:
+            if self.stopping:
+                return None
+            proc = subprocess.Popen(*args, start_new_session=True, **kwargs)
+            self.procs.add(proc)
+            return proc
+
+    def done(self, proc: subprocess.Popen) -> None:
+        with self.lock:
+            self.procs.discard(proc)
+
+    def stop(self) -> None:
+        """Start no more workers; interrupt the running ones and wait until they have recorded it."""
+        with self.lock:
+            self.stopping = True
+            procs = list(self.procs)
+        for sig, seconds in zip((signal.SIGINT, signal.SIGTERM), WORKER_STOP_SECONDS):
+            for proc in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(sig)
+            deadline = time.monotonic() + seconds
+            for proc in procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            procs = [proc for proc in procs if proc.poll() is None]
+        for proc in procs:
+            proc.kill()
+
+
+def _execute_in_worker(unit: dict, threads: int, gpu: str | None = None, workers: _Workers | None = None) -> JobResult:
     """Run one unit in a fresh process with bounded threads, on one GPU when ``gpu`` is given.
 
     The worker's stderr (its progress bars, warnings, a crash's traceback) goes to
     :func:`_worker_log`; its last stdout line is the JobResult.
     """
+    workers = workers or _Workers()
+    run_id, phase = unit_id(unit)
     env = _subprocess_env(threads)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
     log = _worker_log(unit)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as err:
-        err.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} worker start (GPU {gpu or 'none'}, {threads} threads)\n")
-        err.flush()
         # A worker (and the notebook kernel it starts) dies with this process: a killed study
         # leaves no run going on behind a rerun's back.
         env[DIE_WITH_PARENT_ENV] = "1"
-        proc = subprocess.run(
+        proc = workers.start(
             [sys.executable, "-m", "grpo_knobs.study", "--worker", str(threads)],
-            input=json.dumps(unit | {"progress": True}),
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,
             env=env,
             preexec_fn=die_with_parent,
         )
-    last = proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []
-    if proc.returncode == 0 and last:
+        if proc is None:
+            return JobResult(run_id, phase, "interrupted", error="not started: the study was interrupted")
+        err.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} worker start (pid {proc.pid}, GPU {gpu or 'none'}, ")
+        err.write(f"{threads} threads)\n")
+        err.flush()
+        try:
+            out, _ = proc.communicate(json.dumps(unit | {"progress": True}))
+        finally:
+            workers.done(proc)
+    last = out.strip().splitlines()[-1:] if out.strip() else []
+    if proc.returncode in (0, INTERRUPTED_EXIT) and last:
         return JobResult(**json.loads(last[0]))
-    run_id, phase = unit_id(unit)
     tail = " | ".join(line.strip() for line in log.read_text().splitlines()[-3:])
     return JobResult(run_id, phase, "failed", 0.0, f"worker exited with code {proc.returncode}: {tail}", str(log))
 
 
 def _execute_all(units: list[dict], jobs: int, desc: str, progress: bool) -> list[JobResult]:
-    """Run units one at a time (jobs=1) or side by side in worker processes, with a progress bar."""
-    tally = ResultTally(units, desc, progress)
-    if jobs == 1:
-        for unit in units:
-            tally.bar.set_postfix_str(unit_run_id(unit))
-            tally.add(_execute_unit(unit | {"progress": progress}))
-    else:
-        threads = max(1, (os.cpu_count() or 1) // jobs)
-        # Worker slot k runs on GPU k mod n: with jobs equal to the GPU count each run has a GPU
-        # to itself, so its phase times are not inflated by another run sharing the device.
-        gpus = visible_gpus()
-        slots: queue.Queue[int] = queue.Queue()
-        for k in range(jobs):
+    """Run units one at a time (jobs=1) or side by side in worker processes, with a progress bar.
+
+    A Ctrl-C starts no further unit, ends the running ones as interrupted and resumable, and then
+    raises KeyboardInterrupt.
+    """
+    with ResultTally(units, desc, progress) as tally:
+        if jobs == 1:
+            for unit in units:
+                check_interrupted()  # one whose KeyboardInterrupt was lost between runs
+                tally.bar.set_postfix_str(unit_run_id(unit))
+                tally.add(_execute_unit(unit | {"progress": progress}))
+        else:
+            _execute_in_workers(units, jobs, tally)
+        return tally.finish()
+
+
+def _execute_in_workers(units: list[dict], jobs: int, tally: ResultTally) -> None:
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    # Worker slot k runs on GPU k mod n: with jobs equal to the GPU count each run has a GPU
+    # to itself, so its phase times are not inflated by another run sharing the device.
+    gpus = visible_gpus()
+    slots: queue.Queue[int] = queue.Queue()
+    for k in range(jobs):
+        slots.put(k)
+    workers = _Workers()
+
+    def in_slot(unit: dict) -> JobResult:
+        k = slots.get()
+        try:
+            return _execute_in_worker(unit, threads, gpus[k % len(gpus)] if gpus else None, workers)
+        finally:
             slots.put(k)
 
-        def in_slot(unit: dict) -> JobResult:
-            k = slots.get()
-            try:
-                return _execute_in_worker(unit, threads, gpus[k % len(gpus)] if gpus else None)
-            finally:
-                slots.put(k)
-
-        with ThreadPoolExecutor(jobs) as pool:
-            # Longest first (most collections), so a long run does not start last and hold the
-            # other workers idle at the end.
-            for future in as_completed([pool.submit(in_slot, u) for u in sorted(units, key=_unit_cost, reverse=True)]):
-                tally.add(future.result())
-    return tally.finish()
+    pool = ThreadPoolExecutor(jobs)
+    try:
+        # Longest first (most collections), so a long run does not start last and hold the
+        # other workers idle at the end.
+        for future in as_completed([pool.submit(in_slot, u) for u in sorted(units, key=_unit_cost, reverse=True)]):
+            tally.add(future.result())
+            check_interrupted()
+    except KeyboardInterrupt:
+        pool.shutdown(wait=False, cancel_futures=True)
+        workers.stop()
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
 def _filter(items: Iterable, only: list[str] | None) -> list:
@@ -230,8 +304,9 @@ def run_study(
     check_scheduler(scheduler, jobs, ray_address)
     executor = _resolve_executor(executor)
     p = plan(preset, study_dir=study_dir, params=params)
-    # One writer per study: a second study command on this directory stops here, at once.
-    with exclusive(study_lock_path(p.study_dir), f"study {p.study_dir}"):
+    # One writer per study: a second study command on this directory stops here, at once. A Ctrl-C
+    # (or SIGTERM) starts no further run and ends the running ones recorded as interrupted.
+    with exclusive(study_lock_path(p.study_dir), f"study {p.study_dir}"), interrupts():
         return _run_phases(p, preset, phases, jobs, executor, params, only, progress, scheduler, ray_address)
 
 

@@ -22,9 +22,11 @@ from typing import Any
 
 from ..locations import WORKSPACE_ENV, find_workspace
 from ..records import RunDir
+from ..runtime import check_interrupted, interrupts
 
 SCHEDULERS = ("local", "ray")
 RAY_MAX_RETRIES = 3  # retries after a lost worker; an exception inside a run is a recorded failure, never retried
+CANCEL_SECONDS = 120  # after a Ctrl-C, how long running tasks have to record their runs as interrupted
 # CPU cores reserved per unit. A CPU-only run trains with this many torch threads, as a local
 # worker does with --jobs equal to the cores; a GPU run needs a few for tokenizing, rewards and
 # data; SGLang adds its tokenizer, scheduler and detokenizer processes.
@@ -158,7 +160,9 @@ def _run_unit_in_task(unit: dict[str, Any], threads: int) -> dict[str, Any]:
             f"{ray.util.get_node_ip_address()}, GPUs {ray.get_gpu_ids() or 'none'}, {threads} threads)",
             flush=True,
         )
-        result = _execute_unit(unit | {"progress": True})
+        # ray.cancel interrupts the task as a Ctrl-C would: the run is recorded as interrupted.
+        with interrupts(keep_ignored=False):
+            result = _execute_unit(unit | {"progress": True})
     return dataclasses.asdict(result)
 
 
@@ -229,44 +233,71 @@ def execute_on_ray(units: list[dict[str, Any]], desc: str, progress: bool, addre
         address: a Ray cluster (``ray start --head`` prints it; ``auto`` finds one started on this
             machine); None starts a local Ray instance with this machine's GPUs and CPUs.
     """
-    from .units import JobResult, ResultTally, _unit_cost, _worker_log, unit_id, unit_run_id
+    from .units import ResultTally
 
     ray = _import_ray()
     _connect(ray, address)
     task = ray.remote(max_calls=1)(_run_unit_in_task)  # a fresh process per unit, as a local worker
     nodes = _node_sizes(ray)
-    has_gpus = any(g > 0 for g, _ in nodes)
     env = _runtime_env()
-    tally = ResultTally(units, desc, progress)
+    with ResultTally(units, desc, progress) as tally:
+        return _run_tasks(ray, task, units, tally, nodes, env)
+
+
+def _run_tasks(ray, task, units: list[dict[str, Any]], tally, nodes: list[tuple[int, int]], env: dict) -> list:
+    """Submit every unit not already done, longest first, and collect the results as they come."""
+    from ..config import RunConfig
+    from .units import JobResult, _tidy_complete_run, _unit_cost, _worker_log, unit_id, unit_run_id
+
+    has_gpus = any(g > 0 for g, _ in nodes)
     pending: dict[Any, dict[str, Any]] = {}
     # Longest first (most collections); Ray starts queued tasks of one resource shape in the order submitted.
     todo = []
     for unit in sorted(units, key=_unit_cost, reverse=True):
         run_id, phase = unit_id(unit)
         if _already_done(unit):
+            if unit["kind"] == "train":  # what a kill left beside the complete run
+                _tidy_complete_run(RunConfig.from_dict(unit["config"]))
             tally.add(JobResult(run_id, phase, "skipped"))
         else:  # every request is checked before the first task starts
             todo.append((unit, _fit(unit_resources(unit, has_gpus), nodes, run_id)))
-    for unit, need in todo:
-        ref = task.options(
-            num_gpus=need.gpus,
-            num_cpus=need.cpus,
-            max_retries=RAY_MAX_RETRIES,
-            retry_exceptions=False,
-            runtime_env=env,
-            name=unit_run_id(unit),
-        ).remote(unit, max(1, need.cpus))
-        pending[ref] = unit | {"submitted": time.perf_counter()}
-    while pending:
-        ready, _ = ray.wait(list(pending), num_returns=1)
-        for ref in ready:
-            unit = pending.pop(ref)
-            try:
-                tally.add(JobResult(**ray.get(ref)))
-            except ray.exceptions.RayError as exc:
-                run_id, phase = unit_id(unit)
-                seconds = time.perf_counter() - unit["submitted"]
-                tally.add(
-                    JobResult(run_id, phase, "failed", seconds, _lost_task_error(ray, exc), str(_worker_log(unit)))
-                )
+    try:
+        for unit, need in todo:
+            ref = task.options(
+                num_gpus=need.gpus,
+                num_cpus=need.cpus,
+                max_retries=RAY_MAX_RETRIES,
+                retry_exceptions=False,
+                runtime_env=env,
+                name=unit_run_id(unit),
+            ).remote(unit, max(1, need.cpus))
+            pending[ref] = unit | {"submitted": time.perf_counter()}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                unit = pending.pop(ref)
+                try:
+                    tally.add(JobResult(**ray.get(ref)))
+                except ray.exceptions.RayError as exc:
+                    run_id, phase = unit_id(unit)
+                    seconds = time.perf_counter() - unit["submitted"]
+                    tally.add(
+                        JobResult(run_id, phase, "failed", seconds, _lost_task_error(ray, exc), str(_worker_log(unit)))
+                    )
+            check_interrupted()
+    except KeyboardInterrupt:
+        _cancel(ray, list(pending))
+        raise
     return tally.finish()
+
+
+def _cancel(ray, refs: list) -> None:
+    """After a Ctrl-C: queued tasks never start, running ones get a KeyboardInterrupt (their runs are
+    recorded as interrupted); wait for them to end, then force the rest."""
+    for ref in refs:
+        with contextlib.suppress(Exception):
+            ray.cancel(ref, force=False)
+    _, left = ray.wait(refs, num_returns=len(refs), timeout=CANCEL_SECONDS) if refs else ([], [])
+    for ref in left:
+        with contextlib.suppress(Exception):
+            ray.cancel(ref, force=True)
