@@ -109,7 +109,7 @@ def _cmd_plan(a: argparse.Namespace) -> int:
 
     plan = study.plan(a.preset, study_dir=a.study_dir, params=parse_plan_params(a.param or []))
     if a.json:
-        print(json.dumps(study.plan_to_json(plan), indent=2))
+        print(json.dumps(study.plan_to_json(plan, analysis=True), indent=2))
     else:
         print(study.format_plan_table(plan))
     return 0

@@ -24,13 +24,15 @@ YAML schema (every key except ``name`` and ``tasks`` is optional)::
     screening: {arms: [...], seeds: [0], <RunConfig fields>}
     lr_followup: [{task, arm, seeds, <RunConfig fields>}]
     selection: {recipes: 3, always_include: [onpolicy-small], rank_by: [final_accuracy, sample_auc, job_seconds]}
-    confirmation: {seeds: [1, 2, 3], <RunConfig fields>}
+    confirmation: {seeds: [1, 2, 3], <RunConfig fields>}   # recipes: [arm, ...] fixes them (no screening)
     test: {problems: null, max_new_tokens: null, initial_model: true}
+    analysis: {endpoint, responses, comparisons, ...}   # the registered analysis (preregistration)
 
 Modules, one job each (this package re-exports their names):
 
 - ``planning``: the plan's data classes, loading and expanding a preset, ``plan()``
 - ``presenting``: ``format_plan_table``, ``plan_to_json``, ``run_progress``
+- ``preregistration``: a preset's registered analysis, checked against its plan
 - ``selection``: the selection rule's scores, ``select()``, validation summaries
 - ``run``: ``run_study()``, its executors and worker processes, terminal test results
 - ``__main__``: the worker process, ``python -m grpo_knobs.study --worker N``

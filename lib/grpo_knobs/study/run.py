@@ -18,9 +18,11 @@ from typing import Any, Iterable
 
 from ..config import RunConfig, config_drift
 from ..locks import exclusive, study_lock_path
+from ..provenance import git_commit, source_sha256
 from ..records import RunDir, atomic_write_json, read_json
 from ..runtime import DIE_WITH_PARENT_ENV, die_with_parent
 from .planning import PHASE_ORDER, Plan, PlanError, PlannedRun, plan
+from .preregistration import check_same_code, check_unchanged
 from .presenting import plan_to_json
 from .scheduling import check_scheduler, execute_on_ray
 from .selection import select
@@ -178,15 +180,26 @@ def _check_drift(runs: list[PlannedRun]) -> None:
 
 
 def _write_plan_snapshot(p: Plan) -> None:
-    """<study_dir>/plan.json: the resolved plan, its targets and rule, for the analysis notebooks."""
+    """<study_dir>/plan.json: the resolved plan, its targets, rule and registered analysis, for the analysis
+    notebooks, and the code that runs it. A study with a registered analysis stops where the analysis, or
+    the library source, differs from the one recorded there."""
+    path = p.study_dir / "plan.json"
+    recorded = read_json(path) if path.exists() else None
+    check_unchanged(recorded, p.preregistration, str(path))
+    code = {"source_sha256": source_sha256(), "git_commit": git_commit()}
+    if p.preregistration is not None:
+        check_same_code(recorded, code["source_sha256"], str(path))
     atomic_write_json(
-        p.study_dir / "plan.json",
+        path,
         {
             "name": p.name,
             "source": str(p.source),
             "params": p.params,
             "targets": p.targets,
-            "selection_rule": p.rule.describe(),
+            "selection_rule": p.rule.describe() if p.candidates else None,
+            "fixed_recipes": p.fixed_recipes,
+            "preregistration": p.preregistration.to_json() if p.preregistration else None,
+            "code": code,
             "runs": plan_to_json(p),
         },
     )
