@@ -16,7 +16,7 @@ from grpo_knobs.provenance import source_sha256
 from grpo_knobs.records import RunDir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_study import _write_plan
+from test_study import _write_plan, needs_trainer
 
 SEEDS20_RECIPES = {
     "countdown-2x10": ["onpolicy-small", "batch-256", "split-8"],
@@ -233,3 +233,43 @@ def test_a_registered_study_refuses_another_analysis_or_other_code(tmp_path, cap
     snapshot = json.loads((tmp_path / "p" / "plan.json").read_text())
     (tmp_path / "p" / "plan.json").write_text(json.dumps(snapshot | {"code": {"source_sha256": "0" * 64}}))
     assert study.run_study(plain, phases=["lr-followup"], study_dir=tmp_path / "p", progress=False).ok
+
+
+@needs_trainer
+def test_a_fixed_recipe_study_trains_tests_and_times_its_runs(tmp_path):
+    path = _fixed_plan(
+        tmp_path / "plan.yaml",
+        ANALYSIS,
+        confirmation={"seeds": [1], "response_budget": 16, "recipes": ["t-small", "t-split"]},
+        test={"problems": 4, "initial_model": False},
+    )
+    study_dir = tmp_path / "s"
+    report = study.run_study(path, study_dir=study_dir, executor="inprocess", progress=False)
+    assert report.ok, report.summary()
+    assert [(r.run_id, r.status) for r in report.results] == [
+        ("selection", "skipped"),
+        ("confirmation-countdown-2x10-t-small-s1", "complete"),
+        ("confirmation-countdown-2x10-t-split-s1", "complete"),
+        ("confirmation-countdown-2x10-t-small-s1", "complete"),  # tested right after training
+        ("confirmation-countdown-2x10-t-split-s1", "complete"),
+    ]
+    times = json.loads((study_dir / "study_times.json").read_text())["calls"]
+    (call,) = times
+    jobs = {
+        r: json.loads(RunDir(study_dir / r).timings_path.read_text())["job"]
+        for r in ("confirmation-countdown-2x10-t-small-s1", "confirmation-countdown-2x10-t-split-s1")
+    }
+    assert call["runs_trained"] == 2 and call["tests_run"] == 2 and call["scheduler"] == "local"
+    assert call["run_job_seconds"] == pytest.approx(sum(jobs.values()))
+    # One run at a time: the wall time holds both runs, their tests and the start-up.
+    assert sum(jobs.values()) < call["wall_seconds"] and 0 < call["parallelism"] < 1
+    assert {r: v["job_seconds"] for r, v in call["runs"].items()} == jobs
+    assert call["gpus"] == [] and call["ray_nodes"] == [] and len(call["hosts"]) == 1
+    assert f"Wall time {call['wall_seconds'] / 60:.1f} min for 2 trained runs" in report.summary()
+    placement = json.loads(RunDir(study_dir / "confirmation-countdown-2x10-t-small-s1").config_path.read_text())[
+        "placements"
+    ]
+    assert [(p["device"], p["gpu"], p["ray_node_id"]) for p in placement] == [("cpu", None, None)]
+    again = study.run_study(path, study_dir=study_dir, executor="inprocess", progress=False)
+    assert "no run trained in this call" in again.summary()
+    assert len(json.loads((study_dir / "study_times.json").read_text())["calls"]) == 2

@@ -37,6 +37,7 @@ from .units import (
     unit_id,
     unit_run_id,
 )
+from .wall_time import call_times, describe_call, record_call
 
 
 @dataclass
@@ -46,6 +47,7 @@ class StudyReport:
     study_dir: Path
     results: list[JobResult] = field(default_factory=list)
     selection: dict | None = None
+    times: dict | None = None  # this call's wall time against its runs' job times (wall_time.call_times)
 
     @property
     def failed(self) -> list[JobResult]:
@@ -69,6 +71,8 @@ class StudyReport:
                 f"  {r.status.upper()} {r.run_id} ({r.phase}): {r.error}"
                 + (f"\n    see {r.record}" if r.record else "")
             )
+        if self.times is not None:
+            lines.append(describe_call(self.times))
         return "\n".join(lines)
 
     __str__ = summary
@@ -245,7 +249,11 @@ def run_study(
     p = plan(preset, study_dir=study_dir, params=params)
     # One writer per study: a second study command on this directory stops here, at once.
     with exclusive(study_lock_path(p.study_dir), f"study {p.study_dir}"):
-        return _run_phases(p, preset, phases, jobs, executor, params, only, progress, scheduler, ray_address)
+        started, t0 = time.time(), time.perf_counter()
+        report = _run_phases(p, preset, phases, jobs, executor, params, only, progress, scheduler, ray_address)
+        times = call_times(p.study_dir, report.results, started, time.perf_counter() - t0, scheduler)
+        report.times = record_call(p.study_dir, times)
+        return report
 
 
 def _run_phases(
