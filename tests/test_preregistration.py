@@ -46,6 +46,16 @@ ANALYSIS = {
 }
 
 
+def _two_run_plan(path: Path) -> Path:
+    """Two fixed recipes, one seed each, tested on 4 problems right after training; no initial-model test."""
+    return _fixed_plan(
+        path,
+        ANALYSIS,
+        confirmation={"seeds": [1], "response_budget": 16, "recipes": ["t-small", "t-split"]},
+        test={"problems": 4, "initial_model": False},
+    )
+
+
 # ---------------------------------------------------------------------------------------
 # The seeds20 preset
 # ---------------------------------------------------------------------------------------
@@ -237,12 +247,7 @@ def test_a_registered_study_refuses_another_analysis_or_other_code(tmp_path, cap
 
 @needs_trainer
 def test_a_fixed_recipe_study_trains_tests_and_times_its_runs(tmp_path):
-    path = _fixed_plan(
-        tmp_path / "plan.yaml",
-        ANALYSIS,
-        confirmation={"seeds": [1], "response_budget": 16, "recipes": ["t-small", "t-split"]},
-        test={"problems": 4, "initial_model": False},
-    )
+    path = _two_run_plan(tmp_path / "plan.yaml")
     study_dir = tmp_path / "s"
     report = study.run_study(path, study_dir=study_dir, executor="inprocess", progress=False)
     assert report.ok, report.summary()

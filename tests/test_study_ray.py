@@ -26,7 +26,7 @@ from grpo_knobs.study import scheduling
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_preregistration import ANALYSIS, _fixed_plan
+from test_preregistration import _two_run_plan
 from test_study import _mtimes, _write_plan, needs_trainer
 
 needs_ray = pytest.mark.skipif(
@@ -257,12 +257,7 @@ def test_gpu_runs_get_the_gpus_they_ask_for(tmp_path, local_ray):
 @needs_ray
 @needs_trainer
 def test_ray_runs_record_their_node_and_the_study_its_wall_time(tmp_path, local_ray):
-    path = _fixed_plan(
-        tmp_path / "plan.yaml",
-        ANALYSIS,
-        confirmation={"seeds": [1], "response_budget": 16, "recipes": ["t-small", "t-split"]},
-        test={"problems": 4, "initial_model": False},
-    )
+    path = _two_run_plan(tmp_path / "plan.yaml")
     study_dir = tmp_path / "ray"
     report = study.run_study(path, study_dir=study_dir, executor="inprocess", scheduler="ray", progress=False)
     assert report.ok, report.summary()
