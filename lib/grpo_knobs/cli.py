@@ -304,7 +304,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     st.set_defaults(func=_cmd_study)
 
-    an = sub.add_parser("analyze", help="Execute the analysis notebooks (50-57) on a study directory.")
+    an = sub.add_parser(
+        "analyze",
+        help="Execute the analysis notebooks (50-57; 59 where the study registered an analysis) on a study directory.",
+    )
     an.add_argument("study_dir", nargs="?")
     an.add_argument("--out-dir", default=None, help="Default: <study_dir>/figures.")
     an.add_argument(

@@ -42,7 +42,7 @@ Modules, one job each (this package re-exports their names):
 
 from __future__ import annotations
 
-from .notebooks import ANALYSIS_NOTEBOOKS, refresh_committed_notebooks, run_analysis
+from .notebooks import ANALYSIS_NOTEBOOKS, PREREGISTERED_NOTEBOOKS, refresh_committed_notebooks, run_analysis
 from .planning import (
     PHASE_ORDER,
     PLAN_OWNED,
@@ -98,6 +98,7 @@ __all__ = [
     "visible_gpus",
     # notebooks
     "ANALYSIS_NOTEBOOKS",
+    "PREREGISTERED_NOTEBOOKS",
     "refresh_committed_notebooks",
     "run_analysis",
 ]

@@ -27,6 +27,7 @@ Schema (every key but ``comparisons`` has the default shown)::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -272,4 +273,25 @@ def check_same_code(recorded: dict[str, Any] | None, source_sha256: str, where: 
         f"{where}: this study's runs come from library source {code['source_sha256'][:12]} (git commit {commit}), "
         f"this library is {source_sha256[:12]}; a registered study runs on one code version: run it from that "
         "revision (git checkout, or a copy of it), or give new code a new --study-dir."
+    )
+
+
+def registered_analysis(study_dir: str | Path, preset: str | Path | None = None) -> tuple[dict | None, str | None]:
+    """The analysis ``study_dir`` registered (its ``plan.json``), else the one ``preset`` registers, and a
+    note when it is not the study's own (None, and why, where there is neither)."""
+    from ..records import read_json
+    from .planning import plan
+
+    path, name = Path(study_dir) / "plan.json", Path(study_dir).name
+    recorded = read_json(path).get("preregistration") if path.is_file() else None
+    if recorded:
+        return recorded, None
+    if preset is None:
+        return None, f"{name} registered no analysis (no preregistration in its plan.json)"
+    reg = plan(preset, study_dir=study_dir).preregistration
+    if reg is None:
+        return None, f"{name} registered no analysis, and neither does preset {preset}"
+    return reg.to_json(), (
+        f"{name} registered no analysis of its own; below, the comparisons preset {preset} registers, "
+        "applied to its runs"
     )
