@@ -9,11 +9,13 @@ import re
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from grpo_knobs import study
 from grpo_knobs.cli import main as cli_main
 from grpo_knobs.provenance import source_sha256
 from grpo_knobs.records import RunDir
+from grpo_knobs.study import notebooks as study_notebooks
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_study import _write_plan, needs_trainer
@@ -278,3 +280,25 @@ def test_a_fixed_recipe_study_trains_tests_and_times_its_runs(tmp_path):
     again = study.run_study(path, study_dir=study_dir, executor="inprocess", progress=False)
     assert "no run trained in this call" in again.summary()
     assert len(json.loads((study_dir / "study_times.json").read_text())["calls"]) == 2
+    # The registered analysis on the trained records: notebook 59 through papermill, one seed each.
+    (executed,) = study.run_analysis(study_dir, tmp_path / "figs", notebooks=["59_preregistered"], progress=False)
+    table = pd.read_csv(tmp_path / "figs" / "preregistered_comparisons.csv")
+    assert table[["comparison", "x", "y", "n_seeds_x", "n_seeds_y", "n_problems", "complete"]].values.tolist() == [
+        ["split-vs-small", "t-split", "t-small", 1, 1, 4, True]
+    ]
+    assert "1 library source(s)" in executed.read_text()
+
+
+def test_run_analysis_adds_notebook_59_where_the_study_registered_an_analysis(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(
+        study_notebooks, "execute_notebook", lambda source, target, **kw: ran.append(Path(target).stem)
+    )
+    registered = tmp_path / "registered"
+    study.run_study(_fixed_plan(tmp_path / "plan.yaml", ANALYSIS), phases=["selection"], study_dir=registered)
+    study.run_analysis(registered, progress=False)
+    assert ran == [*study.ANALYSIS_NOTEBOOKS, "59_preregistered"]
+    ran.clear()
+    study.run_study(_write_plan(tmp_path / "plain.yaml"), phases=["lr-followup"], study_dir=tmp_path / "plain")
+    study.run_analysis(tmp_path / "plain", progress=False)
+    assert ran == list(study.ANALYSIS_NOTEBOOKS)
