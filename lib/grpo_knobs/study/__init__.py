@@ -59,7 +59,7 @@ from .planning import (
     preset_path,
 )
 from .presenting import format_plan_table, plan_to_json, run_progress
-from .run import StudyReport, _execute_all, run_study, terminal_test_results, visible_gpus
+from .run import StudyReport, _execute_all, registered_analysis, run_study, terminal_test_results, visible_gpus
 from .selection import compute_selection, select, selection_table, validation_summary
 from .units import EXECUTORS, JobResult, _subprocess_env
 
@@ -93,6 +93,7 @@ __all__ = [
     "StudyReport",
     "_execute_all",
     "_subprocess_env",
+    "registered_analysis",
     "run_study",
     "terminal_test_results",
     "visible_gpus",

@@ -562,8 +562,15 @@ def _preregistration(
     if "analysis" not in spec:
         return None
     problems = {t.task: t.problems for t in tests if t.source == "confirmation"}
+    seeds: dict[str, list[int]] = {}
+    budgets: dict[str, list[int]] = {}
+    for r in confirmation:
+        seeds.setdefault(r.task, []).append(r.seed)
+        budgets.setdefault(r.task, []).append(r.config.response_budget)
     try:
-        return preregistration(spec["analysis"], confirmation, fixed, problems)
+        return preregistration(
+            spec["analysis"], {t: sorted(set(s)) for t, s in seeds.items()}, budgets, fixed, problems
+        )
     except PreregistrationError as exc:
         raise PlanError(f"{path.name}: {exc}") from None
 

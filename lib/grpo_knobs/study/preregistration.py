@@ -27,11 +27,7 @@ Schema (every key but ``comparisons`` has the default shown)::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .planning import PlannedRun
+from typing import Any
 
 ENDPOINTS = {
     "test_accuracy": "terminal test accuracy of each confirmation run's final checkpoint",
@@ -195,12 +191,17 @@ def _comparisons(raw: Any, fixed: dict[str, list[str]], tasks: list[str]) -> tup
 
 
 def preregistration(
-    raw: Any, confirmation: list[PlannedRun], fixed: dict[str, list[str]], test_problems: dict[str, int | None]
+    raw: Any,
+    seeds: dict[str, list[int]],
+    budgets: dict[str, list[int]],
+    fixed: dict[str, list[str]],
+    test_problems: dict[str, int | None],
 ) -> Preregistration:
     """Check a preset's ``analysis:`` section against its plan.
 
-    ``confirmation`` are the plan's confirmation runs, ``fixed`` the recipes the preset fixes per
-    task and ``test_problems`` each task's terminal test size.
+    Per task of the plan: ``seeds`` and ``budgets`` (response budgets) of its confirmation runs,
+    ``fixed`` the recipes the preset fixes (tasks whose recipes are selected are absent) and
+    ``test_problems`` its terminal test size.
     """
     from ..stats import MAX_EXACT_RELABELLINGS
 
@@ -210,20 +211,16 @@ def preregistration(
     if unknown:
         raise PreregistrationError(f"analysis: unknown key(s) {sorted(unknown)}; keys: {sorted(_KEYS)}.")
     section = _DEFAULTS | {"exact_relabellings": MAX_EXACT_RELABELLINGS} | raw
-    tasks = list(dict.fromkeys(r.task for r in confirmation))
-    comparisons = _comparisons(raw.get("comparisons"), fixed, tasks)
+    comparisons = _comparisons(raw.get("comparisons"), fixed, list(seeds))
     compared = list(dict.fromkeys(c.task for c in comparisons))
     responses = _number(section, "responses", int, 0)
-    seeds: dict[str, list[int]] = {}
     for task in compared:
-        runs = [r for r in confirmation if r.task == task]
-        off = sorted({r.config.response_budget for r in runs} - {responses})
+        off = sorted(set(budgets[task]) - {responses})
         if off:
             raise PreregistrationError(
                 f"analysis.responses is {responses:,}, but {task}'s confirmation runs train for {off[0]:,} responses; "
                 "the endpoint is measured at the end of each compared run."
             )
-        seeds[task] = sorted({r.seed for r in runs})
     secondary = section["secondary"]
     if not isinstance(secondary, list) or not all(isinstance(s, str) for s in secondary):
         raise PreregistrationError(f"analysis.secondary must be a list of sentences, got {secondary!r}.")
@@ -231,7 +228,7 @@ def preregistration(
         endpoint=_choice(section, "endpoint", ENDPOINTS),
         responses=responses,
         comparisons=comparisons,
-        seeds=seeds,
+        seeds={t: sorted(seeds[t]) for t in compared},
         test_problems={t: test_problems.get(t) for t in compared},
         alternative=_choice(section, "alternative", ALTERNATIVES),
         correction=_choice(section, "correction", CORRECTIONS),
@@ -273,25 +270,4 @@ def check_same_code(recorded: dict[str, Any] | None, source_sha256: str, where: 
         f"{where}: this study's runs come from library source {code['source_sha256'][:12]} (git commit {commit}), "
         f"this library is {source_sha256[:12]}; a registered study runs on one code version: run it from that "
         "revision (git checkout, or a copy of it), or give new code a new --study-dir."
-    )
-
-
-def registered_analysis(study_dir: str | Path, preset: str | Path | None = None) -> tuple[dict | None, str | None]:
-    """The analysis ``study_dir`` registered (its ``plan.json``), else the one ``preset`` registers, and a
-    note when it is not the study's own (None, and why, where there is neither)."""
-    from ..records import read_json
-    from .planning import plan
-
-    path, name = Path(study_dir) / "plan.json", Path(study_dir).name
-    recorded = read_json(path).get("preregistration") if path.is_file() else None
-    if recorded:
-        return recorded, None
-    if preset is None:
-        return None, f"{name} registered no analysis (no preregistration in its plan.json)"
-    reg = plan(preset, study_dir=study_dir).preregistration
-    if reg is None:
-        return None, f"{name} registered no analysis, and neither does preset {preset}"
-    return reg.to_json(), (
-        f"{name} registered no analysis of its own; below, the comparisons preset {preset} registers, "
-        "applied to its runs"
     )

@@ -358,3 +358,21 @@ def terminal_test_results(
                 }
             )
     return pd.DataFrame(rows)
+
+
+def registered_analysis(study_dir: str | Path, preset: str | Path | None = None) -> tuple[dict | None, str | None]:
+    """The analysis ``study_dir`` registered (its ``plan.json``), else the one ``preset`` registers, and a
+    note when it is not the study's own (None, and why, where there is neither)."""
+    path, name = Path(study_dir) / "plan.json", Path(study_dir).name
+    recorded = read_json(path).get("preregistration") if path.is_file() else None
+    if recorded:
+        return recorded, None
+    if preset is None:
+        return None, f"{name} registered no analysis (no preregistration in its plan.json)"
+    reg = plan(preset, study_dir=study_dir).preregistration
+    if reg is None:
+        return None, f"{name} registered no analysis, and neither does preset {preset}"
+    return reg.to_json(), (
+        f"{name} registered no analysis of its own; below, the comparisons preset {preset} registers, "
+        "applied to its runs"
+    )
