@@ -406,8 +406,7 @@ INTERVAL_MEANINGS = {
     ),
     "permutation": (
         "Permutation p: the share of all ways to relabel the trained models between the two recipes "
-        "that give a difference in seed-mean accuracy at least as large as the observed one (beyond 200,000 "
-        "ways, of 100,000 drawn at random)."
+        "that give a difference in seed-mean accuracy at least as large as the observed one."
     ),
     "welch": (
         "Welch interval: a t interval that treats each trained model's test accuracy as one observation; "
