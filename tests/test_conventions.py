@@ -60,7 +60,7 @@ def _grpo_config(cls, tmp_path, **kwargs):
 
 
 def test_every_preset_is_covered():
-    assert {c.study for c in STUDY_CONFIGS} == {"smoke", "h200-mini", "paper"}
+    assert {c.study for c in STUDY_CONFIGS} == {"smoke", "h200-mini", "paper", "seeds20"}
     assert len(STUDY_CONFIGS) > 30
 
 

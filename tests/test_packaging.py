@@ -123,7 +123,7 @@ def test_init_writes_a_workspace_and_never_overwrites_one(tmp_path):
     assert _cli("init", str(mine), cwd=tmp_path).returncode == 2
     assert [p.name for p in mine.iterdir()] == ["notes.txt"] and (mine / "notes.txt").read_text() == "keep"
     unknown = _cli("init", "other", "--preset", "nope", cwd=tmp_path)
-    assert unknown.returncode == 2 and "h200-mini, paper, smoke" in unknown.stderr
+    assert unknown.returncode == 2 and "h200-mini, paper, seeds20, smoke" in unknown.stderr
     assert not (tmp_path / "other").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["mine", "ws"]
 
 

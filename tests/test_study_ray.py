@@ -9,10 +9,12 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -24,6 +26,7 @@ from grpo_knobs.study import scheduling
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_preregistration import _two_run_plan
 from test_study import _mtimes, _write_plan, needs_trainer
 
 needs_ray = pytest.mark.skipif(
@@ -214,6 +217,8 @@ def test_a_killed_ray_worker_is_retried_and_its_run_resumed(tmp_path, monkeypatc
     headers = re.findall(r"ray worker start \(pid (\d+)", log.read_text())
     assert len(headers) == 2 and int(headers[1]) != worker  # retried in a fresh worker
     assert json.loads(run.config_path.read_text())["config"]["resume"] is True  # continued, not restarted
+    first, retry = json.loads(run.config_path.read_text())["placements"]  # the first start, then the resume
+    assert first["pid"] == worker and retry["pid"] == int(headers[1]) and first["ray_node_id"] == retry["ray_node_id"]
     reference = _local_reference(path, tmp_path / "local", monkeypatch, phases=["screening"], only=[run_id])
     assert reference.ok, reference.summary()
     _assert_same_records(tmp_path / "local" / run_id, run.path)
@@ -296,3 +301,58 @@ def test_ctrl_c_cancels_queued_ray_tasks_and_interrupts_running_ones(tmp_path):
         assert state["status"] == "failed" and state["error"] == "interrupted", (run.path.name, state)
         assert run.latest_resume_state() is not None
     assert [r for r in runs if r not in running and r.path.exists()] == [], "a queued run started"
+
+
+def test_ray_runs_record_their_node_and_the_study_its_wall_time(tmp_path, local_ray):
+    path = _two_run_plan(tmp_path / "plan.yaml")
+    study_dir = tmp_path / "ray"
+    report = study.run_study(path, study_dir=study_dir, executor="inprocess", scheduler="ray", progress=False)
+    assert report.ok, report.summary()
+    node = local_ray.get_runtime_context().get_node_id()  # the local instance's one node
+    runs = [r.run_id for r in study.plan(path, study_dir=study_dir).phase("confirmation")]
+    jobs = {}
+    for run_id in runs:
+        run = RunDir(study_dir / run_id)
+        (where,) = json.loads(run.config_path.read_text())["placements"]
+        assert (where["hostname"], where["ray_node_id"], where["device"], where["gpu"]) == (
+            socket.gethostname(),
+            node,
+            "cpu",
+            None,
+        )
+        assert where["ray_task_id"] and where["pid"] != os.getpid()  # a Ray worker's process, not the driver
+        jobs[run_id] = json.loads(run.timings_path.read_text())["job"]
+    (call,) = json.loads((study_dir / "study_times.json").read_text())["calls"]
+    assert (call["scheduler"], call["runs_trained"], call["tests_run"]) == ("ray", 2, 2)
+    assert call["ray_nodes"] == [node] and call["hosts"] == [socket.gethostname()] and call["gpus"] == []
+    assert call["run_job_seconds"] == pytest.approx(sum(jobs.values()))
+    # Two one-core runs side by side on two cores: the wall time holds the longer run, and the job
+    # times add up to at most twice the wall time.
+    assert max(jobs.values()) < call["wall_seconds"] and 0 < call["parallelism"] <= 2
+    assert "2 trained runs whose job times sum to" in report.summary() and "on 1 host;" in report.summary()
+
+
+def test_placement_names_the_gpu_as_cuda_visible_devices_exposes_it(monkeypatch):
+    """The GPU fields on a CPU machine: CUDA's device properties stand in for the second of two GPUs
+    a scheduler exposed (on a GPU machine the same fields come from the device)."""
+    import torch
+    from grpo_knobs import provenance
+
+    props = SimpleNamespace(name="NVIDIA H200", uuid="GPU-5f0e", pci_bus_id=0x9B)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,6")
+    monkeypatch.setenv(provenance.RAY_NODE_ENV, "node-a")
+    where = provenance.placement(torch.device("cuda"))
+    assert where["gpu"] == {
+        "name": "NVIDIA H200",
+        "index": 1,
+        "visible_id": "6",
+        "uuid": "GPU-5f0e",
+        "pci_bus_id": 0x9B,
+    }
+    assert (where["cuda_visible_devices"], where["ray_node_id"], where["device"]) == ("3,6", "node-a", "cuda")
+    assert provenance.placement(torch.device("cuda", 0))["gpu"]["visible_id"] == "3"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert provenance.placement(torch.device("cuda", 0))["gpu"]["visible_id"] is None  # every GPU visible
+    assert provenance.placement(torch.device("cpu"))["gpu"] is None

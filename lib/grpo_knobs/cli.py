@@ -128,7 +128,7 @@ def _cmd_plan(a: argparse.Namespace) -> int:
 
     plan = study.plan(a.preset, study_dir=a.study_dir, params=parse_plan_params(a.param or []))
     if a.json:
-        print(json.dumps(study.plan_to_json(plan), indent=2))
+        print(json.dumps(study.plan_to_json(plan, analysis=True), indent=2))
     else:
         print(study.format_plan_table(plan))
     return 0
@@ -337,7 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     st.set_defaults(func=_cmd_study)
 
-    an = sub.add_parser("analyze", help="Execute the analysis notebooks (50-57) on a study directory.")
+    an = sub.add_parser(
+        "analyze",
+        help="Execute the analysis notebooks (50-57; 59 where the study registered an analysis) on a study directory.",
+    )
     an.add_argument("study_dir", nargs="?")
     an.add_argument("--out-dir", default=None, help="Default: <study_dir>/figures.")
     an.add_argument(

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
+import socket
 import subprocess
+import time
 from importlib import metadata
 from pathlib import Path
 
 from .locations import checkout_root
+
+# Set by a Ray task for the process that runs its unit (scheduling._run_unit_in_task) and inherited by a
+# notebook kernel it starts, so that a run records the Ray node and task it ran in.
+RAY_NODE_ENV = "GRPO_KNOBS_RAY_NODE_ID"
+RAY_TASK_ENV = "GRPO_KNOBS_RAY_TASK_ID"
 
 PACKAGES = (
     "grpo-knobs",
@@ -81,3 +89,33 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def placement(device) -> dict:
+    """Where this process trains: the host, the GPU as ``CUDA_VISIBLE_DEVICES`` exposes it (name,
+    index in this process, the id it lists, UUID, PCI bus) and, under Ray, the node and task."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpu = None
+    if getattr(device, "type", str(device)) == "cuda":
+        import torch
+
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        ids = [d.strip() for d in visible.split(",")] if visible else []
+        gpu = {
+            "name": props.name,
+            "index": index,  # within this process: CUDA numbers the visible devices from 0
+            "visible_id": ids[index] if index < len(ids) else None,  # the id CUDA_VISIBLE_DEVICES gave it
+            "uuid": str(props.uuid) if getattr(props, "uuid", None) is not None else None,
+            "pci_bus_id": getattr(props, "pci_bus_id", None),
+        }
+    return {
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "device": str(device),
+        "cuda_visible_devices": visible,
+        "gpu": gpu,
+        "ray_node_id": os.environ.get(RAY_NODE_ENV),
+        "ray_task_id": os.environ.get(RAY_TASK_ENV),
+    }

@@ -29,7 +29,7 @@ from typing import Any
 
 from .locations import NOTEBOOKS, checkout_root, project_root
 from .provenance import git_commit
-from .study.notebooks import ANALYSIS_NOTEBOOKS
+from .study.notebooks import ANALYSIS_NOTEBOOKS, PREREGISTERED_NOTEBOOKS
 
 # A text output longer than this is collapsed (notebook 52 prints about 8,500 characters per cell).
 LONG_OUTPUT_CHARS = 4000
@@ -108,7 +108,9 @@ def find_sources(study_dir: str | Path, notebooks_dir: str | Path | None = None)
         if study == committed_study_dir():
             candidates.append(NOTEBOOKS)
     for folder in candidates:
-        found = tuple(folder / f"{name}.ipynb" for name in ANALYSIS_NOTEBOOKS if (folder / f"{name}.ipynb").is_file())
+        # The committed 59 reads its own study (results/seeds20), not the one the committed 50-57 read.
+        names = ANALYSIS_NOTEBOOKS + (PREREGISTERED_NOTEBOOKS if folder != NOTEBOOKS else ())
+        found = tuple(folder / f"{name}.ipynb" for name in names if (folder / f"{name}.ipynb").is_file())
         if found:
             tables = folder
             if folder == NOTEBOOKS:

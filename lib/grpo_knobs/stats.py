@@ -595,3 +595,177 @@ def sample_auc(responses: np.ndarray | Sequence, accuracy: np.ndarray | Sequence
     if np.any(np.diff(resp) <= 0):
         raise ValueError("responses must be strictly increasing evaluation points")
     return float(np.trapezoid(acc, resp) / (resp[-1] - resp[0]))
+
+
+# ---------------------------------------------------------------------------
+# Many comparisons, many seeds, reruns of one seed
+# ---------------------------------------------------------------------------
+def holm_adjust(p_values: np.ndarray | Sequence) -> np.ndarray:
+    """Holm's step-down adjusted p-values, shape [comparisons] -> [comparisons], in the input order.
+
+    With the p-values sorted ascending, p_(1) <= ... <= p_(m), the adjusted value of the
+    i-th smallest is ``max over j <= i of min(1, (m - j + 1) * p_(j))``. Rejecting every
+    comparison whose adjusted p is at most alpha is Holm's procedure: the chance of any
+    false rejection in the family stays at most alpha whatever the dependence between the
+    tests. Ties get the same adjusted value whichever order they are taken in.
+    """
+    p = np.asarray(p_values, dtype=float)
+    if p.ndim != 1:
+        raise ValueError(f"p_values must have shape [comparisons]; got {p.shape}")
+    if not np.all((p >= 0) & (p <= 1)):
+        raise ValueError(f"p_values must lie in [0, 1] (no NaN); got {p.tolist()}")
+    m = p.size
+    order = np.argsort(p, kind="stable")  # [comparisons]
+    stepped = np.minimum(1.0, (m - np.arange(m)) * p[order])  # [comparisons], (m - j + 1) p_(j) for j = 1..m
+    adjusted = np.empty(m)
+    adjusted[order] = np.maximum.accumulate(stepped)
+    return adjusted
+
+
+# Above this many relabellings, seed_permutation_p samples them instead of listing them all
+# (5 v 5 seeds: 252; 10 v 10: 184,756; 20 v 20: 1.4e11).
+MAX_EXACT_RELABELLINGS = 200_000
+
+
+@dataclass(frozen=True)
+class SampledPermutationTest:
+    """Monte Carlo permutation test of the difference in seed-mean accuracy ``a - b``, in pp.
+
+    ``n_relabellings`` random relabellings of the pooled per-seed means are drawn (with
+    ``seed``); ``p_value = (1 + extreme) / (1 + n_relabellings)``, counting the observed
+    labelling as one of them: the test keeps its level (under no difference, P(p <= alpha)
+    <= alpha) and p is never zero. Its Monte Carlo standard error is about
+    sqrt(p (1 - p) / n_relabellings).
+    """
+
+    mean_diff_pp: float
+    p_value: float
+    alternative: str
+    n_relabellings: int
+    n_seeds_a: int
+    n_seeds_b: int
+    seed: int
+
+
+def seed_permutation_p(
+    a: np.ndarray | Sequence,
+    b: np.ndarray | Sequence,
+    alternative: str = "two-sided",
+    max_exact: int = MAX_EXACT_RELABELLINGS,
+    n_relabellings: int = 100_000,
+    seed: int = 0,
+) -> SeedPermutationTest | SampledPermutationTest:
+    """The permutation test of :func:`seed_permutation_test` at any seed count.
+
+    ``a`` has shape [seeds_a, problems] or [seeds_a], ``b`` likewise. With at most
+    ``max_exact`` relabellings (``C(seeds_a + seeds_b, seeds_a)``) every one is enumerated
+    (a :class:`SeedPermutationTest`); beyond, ``n_relabellings`` are sampled (a
+    :class:`SampledPermutationTest`).
+    """
+    if alternative not in ("greater", "less", "two-sided"):
+        raise ValueError(f"alternative must be 'greater', 'less' or 'two-sided'; got {alternative!r}")
+    m_a, m_b = _per_seed_means(a, "a"), _per_seed_means(b, "b")
+    if special.comb(m_a.size + m_b.size, m_a.size, exact=True) <= max_exact:
+        return seed_permutation_test(m_a, m_b, alternative)
+    if n_relabellings < 1:
+        raise ValueError(f"n_relabellings must be positive; got {n_relabellings}")
+    pooled = np.concatenate([m_a, m_b])  # [seeds_a + seeds_b]
+    n_a, total = m_a.size, pooled.sum()
+    observed = m_a.mean() - m_b.mean()
+    tol = 1e-12 * max(1.0, float(np.abs(pooled).max()))  # ties count as "at least as extreme"
+    rng = np.random.default_rng(seed)
+    extreme = 0
+    for start in range(0, n_relabellings, _CHUNK):
+        size = min(_CHUNK, n_relabellings - start)
+        shuffled = rng.permuted(np.broadcast_to(pooled, (size, pooled.size)), axis=1)  # [size, seeds_a + seeds_b]
+        sum_a = shuffled[:, :n_a].sum(axis=1)  # [size]
+        diffs = sum_a / n_a - (total - sum_a) / m_b.size  # [size]
+        if alternative == "greater":
+            extreme += int(np.sum(diffs >= observed - tol))
+        elif alternative == "less":
+            extreme += int(np.sum(diffs <= observed + tol))
+        else:
+            extreme += int(np.sum(np.abs(diffs) >= abs(observed) - tol))
+    return SampledPermutationTest(
+        mean_diff_pp=100 * float(observed),
+        p_value=(1 + extreme) / (1 + n_relabellings),
+        alternative=alternative,
+        n_relabellings=n_relabellings,
+        n_seeds_a=n_a,
+        n_seeds_b=m_b.size,
+        seed=seed,
+    )
+
+
+@dataclass(frozen=True)
+class VarianceSplit:
+    """How an endpoint's spread divides into reruns of one seed and differences between seeds.
+
+    Model: run ``j`` of seed ``i`` ends at ``mu + s_i + r_ij``, with seed effects ``s_i`` of
+    variance ``seed_variance`` and rerun noise ``r_ij`` (the GPU's arithmetic: the same seed,
+    other rounding) of variance ``rerun_variance``. A fresh seed's single run then varies by
+    their sum. Variances are in the endpoint's units squared.
+    """
+
+    rerun_variance: float  # within a seed: the pooled variance of its reruns
+    seed_variance: float  # between seeds beyond rerun noise, floored at 0
+    seed_variance_raw: float  # the moment estimate before the floor (negative: reruns spread as much as seeds)
+    seed_share: float  # seed_variance / (seed_variance + rerun_variance); NaN when both are 0
+    ms_between: float
+    ms_within: float
+    n0: float  # the effective reruns per seed of an unbalanced design
+    n_seeds: int
+    n_runs: int
+    rerun_df: int  # sum over seeds of (reruns - 1): how much the rerun variance rests on
+
+
+def rerun_seed_variance(endpoints: np.ndarray | Sequence) -> VarianceSplit:
+    """One-way random-effects ANOVA estimate of the rerun and seed variance of an endpoint.
+
+    ``endpoints`` has shape [seeds, reruns]: row ``i`` holds the endpoint (e.g. test
+    accuracy) of every rerun of seed ``i``, NaN where a seed has fewer reruns than the
+    widest row. With ``k_i`` reruns of seed ``i``, ``N = sum k_i`` runs and ``a`` seeds:
+
+    - ``ms_within = sum_ij (y_ij - mean_i)^2 / (N - a)`` estimates the rerun variance;
+    - ``ms_between = sum_i k_i (mean_i - mean)^2 / (a - 1)`` has expectation
+      ``rerun_variance + n0 * seed_variance``, ``n0 = (N - sum k_i^2 / N) / (a - 1)``;
+    - ``seed_variance = (ms_between - ms_within) / n0``, floored at 0.
+
+    Both are unbiased before the floor (the ANOVA, or Henderson I, estimator). A seed with
+    one run adds to ``ms_between`` only. Needs two seeds and one seed with two reruns;
+    with few of either the estimates are very imprecise (``rerun_df`` says how few).
+    """
+    y = np.asarray(endpoints, dtype=float)
+    if y.ndim != 2:
+        raise ValueError(f"endpoints must have shape [seeds, reruns]; got {y.shape}")
+    if np.isinf(y).any():
+        raise ValueError("endpoints must be finite (NaN marks a missing rerun)")
+    k = np.sum(~np.isnan(y), axis=1)  # [seeds] reruns per seed
+    if np.any(k == 0):
+        empty = np.flatnonzero(k == 0).tolist()
+        raise ValueError(f"every seed needs at least one run; seeds (rows) {empty} have none")
+    n_seeds, n_runs = y.shape[0], int(k.sum())
+    if n_seeds < 2 or n_runs - n_seeds < 1:
+        raise ValueError(
+            f"the split needs two seeds and a seed with two reruns; got {n_seeds} seeds and {n_runs} runs"
+        )
+    seed_means = np.nanmean(y, axis=1)  # [seeds]
+    grand = np.nansum(y) / n_runs
+    ms_within = float(np.nansum((y - seed_means[:, None]) ** 2) / (n_runs - n_seeds))
+    ms_between = float(np.sum(k * (seed_means - grand) ** 2) / (n_seeds - 1))
+    n0 = float((n_runs - np.sum(k**2) / n_runs) / (n_seeds - 1))
+    raw = (ms_between - ms_within) / n0
+    seed_var = max(0.0, raw)
+    total = seed_var + ms_within
+    return VarianceSplit(
+        rerun_variance=ms_within,
+        seed_variance=seed_var,
+        seed_variance_raw=raw,
+        seed_share=seed_var / total if total > 0 else float("nan"),
+        ms_between=ms_between,
+        ms_within=ms_within,
+        n0=n0,
+        n_seeds=n_seeds,
+        n_runs=n_runs,
+        rerun_df=n_runs - n_seeds,
+    )

@@ -56,7 +56,7 @@ from .packing import (
     update_packed,
 )
 from .prompts import prompt_version
-from .provenance import git_commit, package_versions, source_sha256
+from .provenance import git_commit, package_versions, placement, source_sha256
 from .records import RunDir, atomic_write_json, fsync_tree, read_json, writing_folder
 from .rollout.base import Generation
 from .runtime import (
@@ -551,6 +551,7 @@ class Trainer:
             },
             "device": str(self.device),
             "gpu": torch.cuda.get_device_name(0) if self.device.type == "cuda" else None,
+            "placements": self._placements(),
             "rollout_path": getattr(self.engine, "path", cfg.engine),
             "trainer_path": self.trainer_path,
             "determinism": self._determinism_record(),
@@ -561,6 +562,12 @@ class Trainer:
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "argv": sys.argv,
         }
+
+    def _placements(self) -> list[dict]:
+        """Where each process that trained this run ran: its first start, then every resume."""
+        path = self.run.config_path
+        earlier = read_json(path).get("placements", []) if path.exists() else []
+        return [*earlier, placement(self.device)]
 
     def _determinism_record(self) -> dict:
         """What fixes this run's arithmetic and noise, beside the deterministic flag in ``config``."""

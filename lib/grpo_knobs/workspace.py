@@ -63,7 +63,7 @@ def _write_notebook(source: Path, target: Path, preset: str, study: str) -> None
     """``source`` without outputs, its parameter defaults pointed at this workspace's preset and runs."""
     import nbformat
 
-    from .study.notebooks import ANALYSIS_NOTEBOOKS
+    from .study.notebooks import ANALYSIS_NOTEBOOKS, PREREGISTERED_NOTEBOOKS
 
     nb = nbformat.read(source, as_version=4)
     nb.metadata.pop("papermill", None)
@@ -75,7 +75,7 @@ def _write_notebook(source: Path, target: Path, preset: str, study: str) -> None
     defaults: dict[str, str] = {}
     if source.stem in DRIVER_NOTEBOOKS:
         defaults["preset"] = f'"{preset}"  # studies/{preset}.yaml here, another shipped preset, or a plan YAML path'
-    if source.stem in ANALYSIS_NOTEBOOKS:
+    if source.stem in ANALYSIS_NOTEBOOKS + PREREGISTERED_NOTEBOOKS:
         defaults["study_dir"] = f'"runs/{study}"  # a study directory (run folders), relative to this workspace'
         defaults["out_dir"] = f'"runs/{study}/figures"  # where figures (PNG, SVG) and tables (CSV, Markdown) go'
     if defaults:

@@ -22,6 +22,8 @@ as an``); each lives in the module for its job:
   :mod:`.reward_audit`, :mod:`.screening`, :mod:`.critical_batch`: the
   tables of notebooks 51 to 56
 - :mod:`.categories`: problem categories (notebook 57)
+- :mod:`.preregistered`: a study's registered comparisons, Holm-adjusted, and the
+  rerun-versus-seed variance split (notebook 59)
 - :mod:`.collapse`: zero-advantage share, collapse points, per-group mixing prediction
 - :mod:`.completions`: sampled training responses and evaluation responses
 - :mod:`.tables`: display formatting and writing tables to CSV and Markdown
@@ -146,6 +148,17 @@ from grpo_knobs.analysis.loading import (
 )
 from grpo_knobs.analysis.ordering import order_tasks, recipe_order, sort_tasks
 from grpo_knobs.analysis.paths import notebook_setup, resolve_path
+from grpo_knobs.analysis.preregistered import (
+    code_versions_note,
+    coverage_notes,
+    decision_lines,
+    format_preregistered,
+    preregistered_comparisons,
+    rerun_groups,
+    rerun_matrix,
+    variance_split_of_folders,
+    variance_split_table,
+)
 from grpo_knobs.analysis.reward_audit import initial_test_grading, reward_audit_examples, reward_audit_summary
 from grpo_knobs.analysis.screening import screening_table
 from grpo_knobs.analysis.selection import (
@@ -275,6 +288,16 @@ __all__ = [
     "tested_pairs",
     "tested_seeds",
     "trainer_path_note",
+    # preregistered
+    "code_versions_note",
+    "coverage_notes",
+    "decision_lines",
+    "format_preregistered",
+    "preregistered_comparisons",
+    "rerun_groups",
+    "rerun_matrix",
+    "variance_split_of_folders",
+    "variance_split_table",
     # time_to_target
     "time_to_target_summary",
     "time_to_target_table",

@@ -311,9 +311,9 @@ def seed_level_comparisons(
     """Test-accuracy differences ``x - y`` with the trained model as the unit, per pair.
 
     Three views of the same difference: the two-level bootstrap
-    (:func:`stats.hierarchical_bootstrap`, seeds then problems), the exact
-    one-sided permutation test over the per-seed means
-    (:func:`stats.seed_permutation_test`, H1: ``x`` is better) and Welch's t
+    (:func:`stats.hierarchical_bootstrap`, seeds then problems), the
+    one-sided permutation test over the per-seed means (exact up to 200,000 relabellings)
+    (:func:`stats.seed_permutation_p`, H1: ``x`` is better) and Welch's t
     interval on the per-seed means (NaN with fewer than two seeds). Seeds are
     not paired, so the recipes may have different seed counts; ``max_seeds``
     keeps each recipe's lowest-numbered seeds.
@@ -322,7 +322,7 @@ def seed_level_comparisons(
     for x, y in pairs:
         a, b = _unpaired_test_scores(runs, tests, task, x, y, max_seeds)  # [seeds_x, problems], [seeds_y, problems]
         boot = stats.hierarchical_bootstrap(a, b, n_resamples=n_resamples, seed=seed, confidence=confidence)
-        perm = stats.seed_permutation_test(a, b, alternative="greater")
+        perm = stats.seed_permutation_p(a, b, alternative="greater")  # exact up to 200,000 relabellings
         welch = stats.seed_welch_interval(a, b, confidence) if min(len(a), len(b)) >= 2 else None
         rows.append(
             {

@@ -149,6 +149,9 @@ def _run_config_row(meta: dict) -> dict:
         "rollout_path": meta.get("rollout_path"),  # eager / fast / fused; absent from older records
         "device": meta.get("device"),
         "gpu": meta.get("gpu"),
+        "deterministic": cfg.get("deterministic"),  # absent from records older than deterministic mode
+        "source_sha256": meta.get("source_sha256"),
+        "git_commit": meta.get("git_commit"),
         "synthetic": bool(cfg.get("synthetic", False)) or str(meta.get("study", "")).startswith("synthetic"),
     }
     row["label"] = row["recipe"] or row["arm"]
@@ -340,7 +343,7 @@ def load_study(study_dir: str | Path, statuses: Sequence[str] = ("complete",)) -
         tests=tests_df,
         initial_tests=pd.concat(initial, ignore_index=True) if initial else pd.DataFrame(),
         skipped=pd.DataFrame(skipped, columns=["run_id", "status"]),
-        selection=_read_json(selection_path) if selection_path.is_file() else None,
+        selection=_read_json(selection_path) if selection_path.is_file() else _fixed_recipes(root),
         audits=load_reward_audits(root),
         directory=root,
     )
@@ -371,6 +374,14 @@ def study_summary(study: Study, root: str | Path | None = None) -> str:
         f"study {study.name!r}{synthetic}: records in {folder}; {count} of "
         f"{_counted(runs['model'], 'an unrecorded model')} on {_counted(where, 'an unrecorded device')}"
     )
+
+
+def _fixed_recipes(root: Path) -> dict | None:
+    """The confirmation recipes a plan fixed (``plan.json``), in ``selection.json``'s form: the
+    recipe order, baseline first, of a study without selection."""
+    path = root / "plan.json"
+    fixed = _read_json(path).get("fixed_recipes") if path.is_file() else None
+    return {"recipes": fixed} if fixed else None
 
 
 def load_reward_audits(study_dir: str | Path) -> dict[str, pd.DataFrame]:

@@ -24,13 +24,15 @@ YAML schema (every key except ``name`` and ``tasks`` is optional)::
     screening: {arms: [...], seeds: [0], <RunConfig fields>}
     lr_followup: [{task, arm, seeds, <RunConfig fields>}]
     selection: {recipes: 3, always_include: [onpolicy-small], rank_by: [final_accuracy, sample_auc, job_seconds]}
-    confirmation: {seeds: [1, 2, 3], <RunConfig fields>}
+    confirmation: {seeds: [1, 2, 3], <RunConfig fields>}   # recipes: [arm, ...] fixes them (no screening)
     test: {problems: null, max_new_tokens: null, initial_model: true}
+    analysis: {endpoint, responses, comparisons, ...}   # the registered analysis (preregistration)
 
 Modules, one job each (this package re-exports their names):
 
 - ``planning``: the plan's data classes, loading and expanding a preset, ``plan()``
 - ``presenting``: ``format_plan_table``, ``plan_to_json``, ``run_progress``
+- ``preregistration``: a preset's registered analysis, checked against its plan
 - ``selection``: the selection rule's scores, ``select()``, validation summaries
 - ``run``: ``run_study()``, its executors and worker processes, terminal test results
 - ``__main__``: the worker process, ``python -m grpo_knobs.study --worker N``
@@ -40,7 +42,7 @@ Modules, one job each (this package re-exports their names):
 
 from __future__ import annotations
 
-from .notebooks import ANALYSIS_NOTEBOOKS, refresh_committed_notebooks, run_analysis
+from .notebooks import ANALYSIS_NOTEBOOKS, PREREGISTERED_NOTEBOOKS, refresh_committed_notebooks, run_analysis
 from .planning import (
     PHASE_ORDER,
     PLAN_OWNED,
@@ -57,7 +59,7 @@ from .planning import (
     preset_path,
 )
 from .presenting import format_plan_table, plan_to_json, run_progress
-from .run import StudyReport, _execute_all, run_study, terminal_test_results, visible_gpus
+from .run import StudyReport, _execute_all, registered_analysis, run_study, terminal_test_results, visible_gpus
 from .selection import compute_selection, select, selection_table, validation_summary
 from .units import EXECUTORS, JobResult, _subprocess_env
 
@@ -91,11 +93,13 @@ __all__ = [
     "StudyReport",
     "_execute_all",
     "_subprocess_env",
+    "registered_analysis",
     "run_study",
     "terminal_test_results",
     "visible_gpus",
     # notebooks
     "ANALYSIS_NOTEBOOKS",
+    "PREREGISTERED_NOTEBOOKS",
     "refresh_committed_notebooks",
     "run_analysis",
 ]

@@ -21,6 +21,9 @@ ANALYSIS_NOTEBOOKS = (
 )
 # Notebooks about a fixed set of committed records rather than one study directory.
 FINDINGS_NOTEBOOKS = ("58_task_room",)
+# Run on a study whose plan.json registers an analysis. Not refreshed with the committed notebooks
+# until results/seeds20, the records its committed copy reads, exist.
+PREREGISTERED_NOTEBOOKS = ("59_preregistered",)
 
 
 def execute_notebook(source: str | Path, target: str | Path, **kwargs: Any) -> None:
@@ -41,14 +44,15 @@ def execute_notebook(source: str | Path, target: str | Path, **kwargs: Any) -> N
 def run_analysis(
     study_dir: str | Path,
     out_dir: str | Path | None = None,
-    notebooks: Iterable[str] = ANALYSIS_NOTEBOOKS,
+    notebooks: Iterable[str] | None = None,
     progress: bool = True,
 ) -> list[Path]:
     """Execute the analysis notebooks on a study directory through papermill.
 
     Figures and tables go to ``out_dir`` (default ``<study_dir>/figures``); each executed
     notebook is kept there too, so a reader sees the numbers behind every figure. Targets
-    come from the study's ``plan.json``.
+    come from the study's ``plan.json``. ``notebooks`` defaults to ``ANALYSIS_NOTEBOOKS``, and
+    ``PREREGISTERED_NOTEBOOKS`` after them where ``plan.json`` registers an analysis.
     """
     import papermill as pm
     from tqdm.auto import tqdm
@@ -61,7 +65,10 @@ def run_analysis(
     out = Path(out_dir).resolve() if out_dir else study_dir / "figures"
     out.mkdir(parents=True, exist_ok=True)
     plan_file = study_dir / "plan.json"
-    targets = json.loads(plan_file.read_text()).get("targets", {}) if plan_file.exists() else {}
+    recorded = json.loads(plan_file.read_text()) if plan_file.exists() else {}
+    targets = recorded.get("targets", {})
+    if notebooks is None:
+        notebooks = ANALYSIS_NOTEBOOKS + (PREREGISTERED_NOTEBOOKS if recorded.get("preregistration") else ())
     written = []
     for name in tqdm(list(notebooks), desc="analysis notebooks", disable=not progress):
         params: dict[str, Any] = {"study_dir": str(study_dir), "out_dir": str(out)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from ..config import RunConfig, check_name, yaml_error
 from ..knobs import KNOB_NAMES, LR_FOLLOWUP_ARM, STUDY_ARMS, Arm
 from ..locations import preset_dirs, project_root
 from ..records import read_json
+from .preregistration import Preregistration, PreregistrationError, preregistration
 
 TRAIN_PHASES = ("screening", "lr-followup", "confirmation")
 PHASE_ORDER = ("screening", "lr-followup", "selection", "confirmation", "test")
@@ -34,6 +35,7 @@ _TOP_KEYS = {
     "selection",
     "confirmation",
     "test",
+    "analysis",
 }
 _TASK_KEYS = {"targets", "defaults", "screening", "selection", "confirmation", "test"}
 _PARAM = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -147,13 +149,16 @@ class Plan:
     rule: SelectionRule
     candidates: dict[str, list[str]]  # task -> screening arm names (the selection pool)
     selection: dict | None = None
+    fixed_recipes: dict[str, list[str]] = field(default_factory=dict)  # task -> recipes the preset fixes
+    preregistration: Preregistration | None = None  # the preset's analysis: section
 
     def phase(self, name: str) -> list[PlannedRun]:
         return [r for r in self.runs if r.phase == name]
 
     @property
     def selected(self) -> bool:
-        return self.selection is not None
+        """Whether every confirmation recipe is known: selected, or fixed in the preset for every task."""
+        return self.selection is not None or not self.candidates
 
 
 # ---------------------------------------------------------------------------------------
@@ -393,21 +398,38 @@ def _rule(spec: dict, candidates: dict[str, list[str]]) -> SelectionRule:
     return SelectionRule(counts, always or (), rank_by or tuple(RANK_METRICS))
 
 
-def _confirmation_runs(ctx: _Context, pool: list[str], n_recipes: int, selection: dict | None) -> list[PlannedRun]:
+def _fixed_recipes(ctx: _Context) -> list[str] | None:
+    """The confirmation recipes a preset fixes for a task (``confirmation: {recipes: [...]}``), or None
+    where selection picks them from screening."""
+    names = _section(ctx.spec, ctx.task, "confirmation").get("recipes")
+    if names is None:
+        return None
     where = f"confirmation ({ctx.task})"
-    own, fields = _split(_section(ctx.spec, ctx.task, "confirmation"), {"seeds"}, where)
+    if not isinstance(names, list) or not names or len(set(map(str, names))) != len(names):
+        raise PlanError(f"{where}: recipes must be a non-empty list of distinct arm names, got {names!r}.")
+    for name in names:
+        ctx.arm(name, where)
+    return names
+
+
+def _confirmation_runs(
+    ctx: _Context, pool: list[str], n_recipes: int, selection: dict | None, fixed: list[str] | None = None
+) -> list[PlannedRun]:
+    where = f"confirmation ({ctx.task})"
+    own, fields = _split(_section(ctx.spec, ctx.task, "confirmation"), {"seeds", "recipes"}, where)
     seeds = _seeds(own, [1, 2, 3], where)
-    if selection is not None:
-        recipes = selection["recipes"].get(ctx.task)
+    if fixed is not None or selection is not None:
+        recipes = fixed if fixed is not None else selection["recipes"].get(ctx.task)
         if recipes is None:
             raise PlanError(f"selection.json has no recipes for task {ctx.task!r}.")
+        source = where if fixed is not None else f"selection.json ({ctx.task})"
         return [
             PlannedRun(
                 "confirmation",
                 ctx.task,
                 name,
                 seed,
-                ctx.config("confirmation", ctx.arm(name, f"selection.json ({ctx.task})"), seed, fields),
+                ctx.config("confirmation", ctx.arm(name, source), seed, fields),
             )
             for name in recipes
             for seed in seeds
@@ -500,15 +522,25 @@ def plan(
         if unknown:
             raise PlanError(f"tasks.{task}: unknown key(s) {sorted(unknown)}; keys: {sorted(_TASK_KEYS)}.")
     contexts = {t: _Context(spec, t, arms, study_dir) for t in tasks}
+    fixed = {t: names for t in tasks if (names := _fixed_recipes(contexts[t])) is not None}
     screening, candidates = [], {}
     for task in tasks:
-        runs, candidates[task] = _screening_runs(contexts[task])
+        runs, pool = _screening_runs(contexts[task])
+        if task in fixed and pool:
+            raise PlanError(
+                f"tasks.{task}: its confirmation recipes are fixed ({', '.join(fixed[task])}), so nothing is "
+                "selected from its screening; drop its screening arms (screening: {arms: []}) or the fixed recipes."
+            )
+        if task not in fixed:
+            candidates[task] = pool
         screening += runs
     rule = _rule(spec, candidates)
-    chosen = _load_selection(selection, study_dir, candidates, arms)
+    # Without a task to select for, a selection.json (of another plan) is no part of this one.
+    chosen = _load_selection(selection, study_dir, candidates, arms) if candidates else None
     confirmation, tests = [], []
     for task in tasks:
-        runs = _confirmation_runs(contexts[task], candidates[task], rule.recipes[task], chosen)
+        n = rule.recipes.get(task, 0)
+        runs = _confirmation_runs(contexts[task], candidates.get(task, []), n, chosen, fixed.get(task))
         confirmation += runs
         tests += _test_jobs(contexts[task], runs)
     runs = screening + _followup_runs(spec, contexts) + confirmation
@@ -528,7 +560,28 @@ def plan(
         rule,
         candidates,
         chosen,
+        fixed_recipes=fixed,
+        preregistration=_preregistration(spec, path, confirmation, fixed, tests),
     )
+
+
+def _preregistration(
+    spec: dict, path: Path, confirmation: list[PlannedRun], fixed: dict[str, list[str]], tests: list[TerminalTest]
+) -> Preregistration | None:
+    if "analysis" not in spec:
+        return None
+    problems = {t.task: t.problems for t in tests if t.source == "confirmation"}
+    seeds: dict[str, list[int]] = {}
+    budgets: dict[str, list[int]] = {}
+    for r in confirmation:
+        seeds.setdefault(r.task, []).append(r.seed)
+        budgets.setdefault(r.task, []).append(r.config.response_budget)
+    try:
+        return preregistration(
+            spec["analysis"], {t: sorted(set(s)) for t, s in seeds.items()}, budgets, fixed, problems
+        )
+    except PreregistrationError as exc:
+        raise PlanError(f"{path.name}: {exc}") from None
 
 
 def _load_selection(

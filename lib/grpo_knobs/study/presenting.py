@@ -16,8 +16,10 @@ def _span(lo: int, hi: int) -> str:
     return f"{lo:,}" if lo == hi else f"{lo:,}-{hi:,}"
 
 
-def plan_to_json(plan: Plan) -> list[dict[str, Any]]:
-    """One object per run and per terminal test job, for ``grpo-knobs plan --json``.
+def plan_to_json(plan: Plan, analysis: bool = False) -> list[dict[str, Any]]:
+    """One object per run and per terminal test job, for ``grpo-knobs plan --json``; with ``analysis``,
+    a last object ``{"phase": "analysis", "preregistration": {...}}`` where the preset registers its
+    analysis (``preregistration.Preregistration.to_json``).
 
     A placeholder's knobs and lr are null (its arm is not chosen yet), as is each count
     that differs between candidate arms; ``range`` gives every count's (low, high). ``resources``
@@ -69,6 +71,8 @@ def plan_to_json(plan: Plan) -> list[dict[str, Any]]:
                 "resources": test_job_resources(job.job()).to_dict(),
             }
         )
+    if analysis and plan.preregistration is not None:
+        out.append({"phase": "analysis", "preregistration": plan.preregistration.to_json()})
     return out
 
 
@@ -174,10 +178,16 @@ def format_plan_table(plan: Plan) -> str:
         f"Left to run under {plan.study_dir}: {len(left)} of {len(plan.runs)} training runs, "
         f"{len(untested)} of {len(plan.tests)} terminal test jobs"
     )
-    lines.append("Selection rule: " + plan.rule.describe())
+    if plan.candidates:
+        lines.append("Selection rule: " + plan.rule.describe())
+    if plan.fixed_recipes:
+        fixed = "; ".join(f"{t}: {', '.join(a)}" for t, a in plan.fixed_recipes.items())
+        lines.append(f"Confirmation recipes fixed in the preset (not selected): {fixed}")
     if plan.selection:
         picks = "; ".join(f"{t}: {', '.join(a)}" for t, a in plan.selection["recipes"].items())
         lines.append(f"Selected recipes: {picks}")
     targets = "; ".join(f"{t}: {', '.join(f'{x:.8g}' for x in v)}" for t, v in plan.targets.items())
     lines.append(f"Targets (validation %): {targets}")
+    if plan.preregistration is not None:
+        lines += ["", plan.preregistration.describe()]
     return "\n".join(lines)

@@ -21,9 +21,11 @@ from typing import Any, Iterable
 
 from ..config import RunConfig, config_drift
 from ..locks import exclusive, study_lock_path
+from ..provenance import git_commit, source_sha256
 from ..records import RunDir, atomic_write_json, read_json
 from ..runtime import DIE_WITH_PARENT_ENV, check_interrupted, die_with_parent, interrupts
 from .planning import PHASE_ORDER, Plan, PlanError, PlannedRun, plan
+from .preregistration import check_same_code, check_unchanged
 from .presenting import plan_to_json
 from .scheduling import check_scheduler, execute_on_ray
 from .selection import select
@@ -39,6 +41,7 @@ from .units import (
     unit_id,
     unit_run_id,
 )
+from .wall_time import call_times, describe_call, record_call
 
 
 @dataclass
@@ -48,6 +51,7 @@ class StudyReport:
     study_dir: Path
     results: list[JobResult] = field(default_factory=list)
     selection: dict | None = None
+    times: dict | None = None  # this call's wall time against its runs' job times (wall_time.call_times)
 
     @property
     def failed(self) -> list[JobResult]:
@@ -71,6 +75,8 @@ class StudyReport:
                 f"  {r.status.upper()} {r.run_id} ({r.phase}): {r.error}"
                 + (f"\n    see {r.record}" if r.record else "")
             )
+        if self.times is not None:
+            lines.append(describe_call(self.times))
         return "\n".join(lines)
 
     __str__ = summary
@@ -252,15 +258,26 @@ def _check_drift(runs: list[PlannedRun]) -> None:
 
 
 def _write_plan_snapshot(p: Plan) -> None:
-    """<study_dir>/plan.json: the resolved plan, its targets and rule, for the analysis notebooks."""
+    """<study_dir>/plan.json: the resolved plan, its targets, rule and registered analysis, for the analysis
+    notebooks, and the code that runs it. A study with a registered analysis stops where the analysis, or
+    the library source, differs from the one recorded there."""
+    path = p.study_dir / "plan.json"
+    recorded = read_json(path) if path.exists() else None
+    check_unchanged(recorded, p.preregistration, str(path))
+    code = {"source_sha256": source_sha256(), "git_commit": git_commit()}
+    if p.preregistration is not None:
+        check_same_code(recorded, code["source_sha256"], str(path))
     atomic_write_json(
-        p.study_dir / "plan.json",
+        path,
         {
             "name": p.name,
             "source": str(p.source),
             "params": p.params,
             "targets": p.targets,
-            "selection_rule": p.rule.describe(),
+            "selection_rule": p.rule.describe() if p.candidates else None,
+            "fixed_recipes": p.fixed_recipes,
+            "preregistration": p.preregistration.to_json() if p.preregistration else None,
+            "code": code,
             "runs": plan_to_json(p),
         },
     )
@@ -307,7 +324,11 @@ def run_study(
     # One writer per study: a second study command on this directory stops here, at once. A Ctrl-C
     # (or SIGTERM) starts no further run and ends the running ones recorded as interrupted.
     with exclusive(study_lock_path(p.study_dir), f"study {p.study_dir}"), interrupts():
-        return _run_phases(p, preset, phases, jobs, executor, params, only, progress, scheduler, ray_address)
+        started, t0 = time.time(), time.perf_counter()
+        report = _run_phases(p, preset, phases, jobs, executor, params, only, progress, scheduler, ray_address)
+        times = call_times(p.study_dir, report.results, started, time.perf_counter() - t0, scheduler)
+        report.times = record_call(p.study_dir, times)
+        return report
 
 
 def _run_phases(
@@ -412,3 +433,21 @@ def terminal_test_results(
                 }
             )
     return pd.DataFrame(rows)
+
+
+def registered_analysis(study_dir: str | Path, preset: str | Path | None = None) -> tuple[dict | None, str | None]:
+    """The analysis ``study_dir`` registered (its ``plan.json``), else the one ``preset`` registers, and a
+    note when it is not the study's own (None, and why, where there is neither)."""
+    path, name = Path(study_dir) / "plan.json", Path(study_dir).name
+    recorded = read_json(path).get("preregistration") if path.is_file() else None
+    if recorded:
+        return recorded, None
+    if preset is None:
+        return None, f"{name} registered no analysis (no preregistration in its plan.json)"
+    reg = plan(preset, study_dir=study_dir).preregistration
+    if reg is None:
+        return None, f"{name} registered no analysis, and neither does preset {preset}"
+    return reg.to_json(), (
+        f"{name} registered no analysis of its own; below, the comparisons preset {preset} registers, "
+        "applied to its runs"
+    )

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..locations import WORKSPACE_ENV, find_workspace
+from ..provenance import RAY_NODE_ENV, RAY_TASK_ENV
 from ..records import RunDir
 from ..runtime import check_interrupted, interrupts
 
@@ -152,6 +153,8 @@ def _run_unit_in_task(unit: dict[str, Any], threads: int) -> dict[str, Any]:
     except ImportError:
         pass
     log = _worker_log(unit)
+    context = ray.get_runtime_context()  # recorded in the run's config.json (provenance.placement)
+    os.environ[RAY_NODE_ENV], os.environ[RAY_TASK_ENV] = context.get_node_id(), context.get_task_id() or ""
     with _output_to(log):
         # The PID names this process for whoever needs to stop it; a retry appends its own header,
         # on a line of its own after a killed attempt's unfinished progress bar.
