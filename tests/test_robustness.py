@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from grpo_knobs.config import RunConfig
+from grpo_knobs.locations import MANIFESTS, NOTEBOOKS
 from grpo_knobs.locks import exclusive, run_lock_path, study_lock_path
 from grpo_knobs.records import RecordsError, RunDir, read_collections
 
@@ -321,7 +322,7 @@ def test_analyze_on_a_missing_directory_is_one_line(tmp_path):
 
 def test_a_manifest_missing_a_split_is_one_line(tmp_path):
     manifests = tmp_path / "manifests"
-    shutil.copytree(ROOT / "data_manifests", manifests)
+    shutil.copytree(MANIFESTS, manifests)
     path = manifests / "countdown-2x10.json"
     manifest = json.loads(path.read_text())
     del manifest["splits"]["test"]
@@ -416,7 +417,7 @@ def test_a_study_tidies_what_a_kill_left_beside_its_complete_runs(tmp_path):
     (run.path / "resume-000001").mkdir()
     (run.path / "resume-000001" / "state.json").write_text("{}")
     (study_dir / ".running").mkdir()
-    shutil.copy(ROOT / "notebooks" / "10_train.ipynb", study_dir / ".running" / f"{run.path.name}.ipynb")
+    shutil.copy(NOTEBOOKS / "10_train.ipynb", study_dir / ".running" / f"{run.path.name}.ipynb")
     again = _cli(*args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "1 skipped" in again.stdout
