@@ -418,3 +418,24 @@ def test_a_git_revision_is_exported_with_what_its_library_reads(tmp_path):
     env = code.env({"PYTHONPATH": "lib"})
     assert env["PYTHONPATH"].split(os.pathsep) == [str(code.lib), str(ROOT), "lib"]
     assert env["GIT_CEILING_DIRECTORIES"] == str(tmp_path / "code")  # the run records no commit of ours
+
+
+def test_batch_invariance_cpu(tmp_path):
+    """One prompt alone and first in batches of other make-up, per path and temperature: the JSON says
+    whether its response held and how far its log-probs moved (float32 on CPU: tokens hold, log-probs
+    move by rounding only)."""
+    out = tmp_path / "batch-invariance.json"
+    proc = _bench(
+        "benchmarks.batch_invariance",
+        *("--model", "tiny-random", "--device", "cpu", "--steps", "6", "--rows", "6", "--out", str(out)),
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["gpu"] == "cpu" and "matmul" not in result  # the GEMM comparison needs CUDA
+    rows = result["responses"]
+    assert [(r["path"], r["temperature"]) for r in rows] == [(p, t) for p in ("eager", "fast") for t in (0.0, 1.0)]
+    for r in rows:
+        assert list(r["contexts"]) == ["alone", "with 3 others", "with 3 longer", "with 5 others"]
+        assert r["contexts"]["alone"]["max_logprob_gap"] == 0.0  # its own reference
+        for c in r["contexts"].values():
+            assert c["identical"] and c["max_logprob_gap"] < 1e-4
