@@ -297,11 +297,7 @@ class Trainer:
             if cfg.deterministic and self.packed_backend and cfg.micro_batch_size is None:
                 # Fixed now, from the GPU's total memory: the split into micro-batches (the order gradients
                 # are summed in) must not depend on what else holds memory when the first update runs.
-                self._token_budget = cfg.packed_tokens_per_micro_batch or (
-                    memory_token_budget(self.model, self.device, fixed=True)
-                    if self.device.type == "cuda"
-                    else cfg.max_tokens_per_micro_batch
-                )
+                self._token_budget = self._packed_token_budget(fixed=True)
 
     def _autocast(self):
         if self.device.type == "cuda":
@@ -333,15 +329,21 @@ class Trainer:
         seqs = [Sequence(prompt_ids[k], list(ids)) for k, ids in zip(gen.prompt_index, gen.token_ids)]
         return Collection(collection, indices, gen, rewards, seqs)
 
+    def _packed_token_budget(self, fixed: bool) -> int:
+        """Tokens per packed micro-batch: the configured budget, else sized to the GPU's memory (its free
+        memory, or with ``fixed`` its total), else ``max_tokens_per_micro_batch`` off the GPU."""
+        cfg = self.cfg
+        if cfg.packed_tokens_per_micro_batch:
+            return cfg.packed_tokens_per_micro_batch
+        if self.device.type == "cuda":
+            return memory_token_budget(self.model, self.device, fixed=fixed)
+        return cfg.max_tokens_per_micro_batch
+
     def _micro_batches(self, idx: list[int], seqs: list[Sequence]) -> list[list[int]]:
         cfg = self.cfg
         if self.packed_backend and cfg.micro_batch_size is None:
             if self._token_budget is None:  # sized on first use, once the engine holds its memory
-                self._token_budget = cfg.packed_tokens_per_micro_batch or (
-                    memory_token_budget(self.model, self.device)
-                    if self.device.type == "cuda"
-                    else cfg.max_tokens_per_micro_batch
-                )
+                self._token_budget = self._packed_token_budget(fixed=False)
             local = token_budget_micro_batches([len(seqs[i]) for i in idx], self._token_budget)
             return [[idx[j] for j in mb] for mb in local]
         local = pack_micro_batches([len(seqs[i]) for i in idx], cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
