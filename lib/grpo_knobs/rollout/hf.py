@@ -84,6 +84,20 @@ def keyed_sample_tokens(
     return tokens, logprobs
 
 
+def keyed_sample(
+    logits: torch.Tensor, inv_temperature: torch.Tensor, keys: torch.Tensor, step: torch.Tensor, greedy: bool
+):
+    """Keyed draws where the logits are: the Philox kernel on CUDA (reading ``step`` [1] from device memory,
+    so a captured graph replays it), ``keyed_sample_tokens`` on the host. Returns (tokens [B], log-probs [B])."""
+    B = logits.shape[0]
+    if logits.is_cuda:
+        from .kernels import sample
+
+        tokens, lps = logits.new_empty(B, dtype=torch.long), logits.new_empty(B, dtype=torch.float32)
+        return sample(logits.contiguous(), inv_temperature, keys, step, greedy, tokens, lps)
+    return keyed_sample_tokens(logits, inv_temperature, keys, int(step), greedy)
+
+
 def _rotate_half(x):
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
@@ -173,14 +187,12 @@ class StaticDecoder:
         self.valid = torch.zeros(rows, cap, dtype=torch.bool, device=dev)  # [R, C] slot holds a real token
         self.arange = torch.arange(cap, device=dev)  # [C]
         self.tok = torch.zeros(rows, dtype=torch.long, device=dev)  # [R] token fed to the next step
-        self.pos = torch.zeros(rows, dtype=torch.long, device=dev)  # [R] its rotary position
-        # the fused step derives position and slot from the output column: pos0 + step and slot0 + step
+        # a decode token's rotary position and cache slot follow from the output column: pos0 + step, slot0 + step
         self.pos0 = torch.zeros(rows, dtype=torch.long, device=dev)  # [R]
         self.slot0 = torch.zeros(1, dtype=torch.long, device=dev)
         self.done = torch.zeros(rows, dtype=torch.bool, device=dev)  # [R] stop token already emitted
         self.out_tok = torch.zeros(rows, cap, dtype=torch.long, device=dev)  # [R, C] sampled tokens
         self.out_lp = torch.zeros(rows, cap, dtype=torch.float32, device=dev)  # [R, C] their log-probs
-        self.slot = torch.zeros(1, dtype=torch.long, device=dev)  # cache slot the next step writes
         self.step = torch.zeros(1, dtype=torch.long, device=dev)  # output column the next token goes to
         self.inv_temp = torch.ones(1, dtype=torch.float32, device=dev)
         self.keys = torch.zeros(rows, dtype=torch.long, device=dev)  # [R] response key of each row's noise
@@ -253,20 +265,8 @@ class StaticDecoder:
             )
             self.step.add_(1)
             return
-        if self.keyed and logits.is_cuda:  # one pass over the logits, keyed noise
-            from .kernels import sample
-
-            tok, lp = sample(
-                logits,
-                self.inv_temp,
-                self.keys,
-                self.step,
-                greedy,
-                logits.new_empty(B, dtype=torch.long),
-                logits.new_empty(B, dtype=torch.float32),
-            )
-        elif self.keyed:  # on the host, where reading the step costs no device wait
-            tok, lp = keyed_sample_tokens(logits, self.inv_temp, self.keys, int(self.step), greedy)  # [B], [B]
+        if self.keyed:
+            tok, lp = keyed_sample(logits, self.inv_temp, self.keys, self.step, greedy)  # [B], [B]
         else:
             tok, lp = sample_tokens(logits, self.inv_temp, greedy)  # [B], [B]
         done = self.done[:B]
@@ -316,17 +316,16 @@ class StaticDecoder:
 
     def _decode(self, B: int, kv_len: int, greedy: bool):
         """One decode step for rows :B; every shape is fixed by (B, kv_len, greedy)."""
-        if self.fused is not None:  # position, slot and validity follow from the step counter alone
+        if self.fused is not None:  # the kernels read position, slot and validity from the step counter
             self._emit(self._forward_fused(B, kv_len), B, greedy)
             return
-        self.valid[:B].index_fill_(1, self.slot, True)
-        hidden = self._forward(self.tok[:B, None], self.pos[:B, None], self.slot, kv_len, 0, B)  # [B, H]
+        slot = self.slot0 + self.step  # [1]
+        self.valid[:B].index_fill_(1, slot, True)
+        hidden = self._forward(self.tok[:B, None], (self.pos0[:B] + self.step)[:, None], slot, kv_len, 0, B)  # [B, H]
         self._emit(hidden, B, greedy)
-        self.pos[:B].add_(1)
-        self.slot.add_(1)
 
     def _reset(self, B: int):
-        for t in (self.tok, self.pos, self.slot, self.step):
+        for t in (self.tok, self.step):
             t.zero_()
         self.done[:B].zero_()
 
@@ -421,10 +420,8 @@ class StaticDecoder:
                 for r in range(0, B, chunk)
             ]
         )  # [B, H]
-        self._emit(hidden, B, greedy)
-        self.pos[:B] = mask.sum(-1)
-        self.slot.fill_(P)
-        self.pos0[:B] = self.pos[:B] - 1
+        self._emit(hidden, B, greedy)  # step is now 1: decode step t writes slot P + t at position len + t
+        self.pos0[:B] = mask.sum(-1) - 1
         self.slot0.fill_(P - 1)
 
         # origin[i]: the input row that decoder row i carries (-1: a filler row); outputs of rows
@@ -474,7 +471,7 @@ class StaticDecoder:
         self._store_rows(origin, width, tokens, logprobs, cols)
         keep = live.nonzero()[:, 0]  # [n_live]
         sel = torch.cat([keep, keep.new_zeros(narrower - keep.numel())])  # [narrower]
-        for t in (self.tok, self.pos, self.pos0, self.done, self.valid, self.out_tok, self.out_lp, self.keys):
+        for t in (self.tok, self.pos0, self.done, self.valid, self.out_tok, self.out_lp, self.keys):
             t[:narrower] = t.index_select(0, sel)
         for layer in range(self.kv.shape[0]):  # one layer at a time bounds the temporary copy
             self.kv[layer, :, :narrower] = self.kv[layer].index_select(1, sel)
@@ -581,23 +578,8 @@ class _KeyedSampler(LogitsProcessor):
         self.inv_temperature = torch.tensor([1.0 / temperature], device=keys.device)
 
     def __call__(self, input_ids, scores):
-        step = input_ids.shape[1] - self.prompt_width
-        if scores.is_cuda:
-            from .kernels import sample
-
-            rows = scores.shape[0]
-            tok = scores.new_empty(rows, dtype=torch.long)
-            sample(
-                scores.contiguous(),
-                self.inv_temperature,
-                self.keys,
-                self.keys.new_tensor([step]),
-                False,
-                tok,
-                scores.new_empty(rows, dtype=torch.float32),
-            )
-        else:
-            tok, _ = keyed_sample_tokens(scores, self.inv_temperature, self.keys, step, greedy=False)
+        step = self.keys.new_tensor([input_ids.shape[1] - self.prompt_width])
+        tok, _ = keyed_sample(scores, self.inv_temperature, self.keys, step, greedy=False)
         return torch.full_like(scores, float("-inf")).scatter_(1, tok[:, None], 0.0)
 
 
