@@ -79,15 +79,14 @@ def run_arm(name: str, overrides: dict[str, str], out: Path, base: dict, code: C
 
 def learning(run: Path) -> dict:
     """Reward over the last four collections, response tokens, final validation accuracy."""
-    import pandas as pd
+    from grpo_knobs.determinism import run_outcome
+    from grpo_knobs.records import RunDir
 
-    rows = [json.loads(line) for line in (run / "collections.jsonl").read_text().splitlines() if line.strip()]
-    evals = pd.read_parquet(run / "evals.parquet")
-    last = evals[evals["responses"] == evals["responses"].max()]
+    outcome = run_outcome(RunDir(run))
     return {
-        "reward_last4": sum(r["reward_mean"] for r in rows[-4:]) / len(rows[-4:]),
-        "response_tokens": rows[-1]["output_tokens_cum"],
-        "validation_final": float(last["correct"].mean()),
+        "reward_last4": outcome["reward_last4"],
+        "response_tokens": outcome["response_tokens"],
+        "validation_final": outcome["validation"][1],
     }
 
 

@@ -227,28 +227,28 @@ def _recorded_weights(run: RunDir) -> str | None:
     return read_json(path).get("sha256", {}).get("weights") if path.exists() else None
 
 
-def _summary(a: RunDir, b: RunDir, rows_a: list[dict], rows_b: list[dict]) -> dict[str, tuple[Any, Any]]:
-    """Where each run ended: reward over its last four collections, output tokens, last validation accuracy."""
-
-    def last_reward(rows):
-        tail = [r["reward_mean"] for r in rows[-4:]]
-        return sum(tail) / len(tail) if tail else None
-
-    def tokens(rows):
-        return rows[-1]["output_tokens_cum"] if rows else None
-
-    def validation(run):
-        df = run.evals()
-        df = df[df["split"] == "validation"] if not df.empty else df
-        if df.empty:
-            return None
-        last = df[df["responses"] == df["responses"].max()]
-        return (int(last["responses"].iloc[0]), float(last["correct"].mean()))
-
+def run_outcome(run: RunDir, rows: list[dict] | None = None) -> dict[str, Any]:
+    """Where a run ended: mean reward over its last four collections, response tokens, and its last validation
+    as (responses, accuracy); None where the records hold none. ``rows``: its collections, if already read."""
+    rows = run.collections() if rows is None else rows
+    tail = [r["reward_mean"] for r in rows[-4:]]
+    evals = run.evals()
+    evals = evals[evals["split"] == "validation"] if not evals.empty else evals
+    last = evals[evals["responses"] == evals["responses"].max()] if not evals.empty else evals
     return {
-        "reward_mean, last 4 collections": (last_reward(rows_a), last_reward(rows_b)),
-        "output tokens": (tokens(rows_a), tokens(rows_b)),
-        "last validation (responses, accuracy)": (validation(a), validation(b)),
+        "reward_last4": sum(tail) / len(tail) if tail else None,
+        "response_tokens": rows[-1]["output_tokens_cum"] if rows else None,
+        "validation": (int(last["responses"].iloc[0]), float(last["correct"].mean())) if not last.empty else None,
+    }
+
+
+def _summary(a: RunDir, b: RunDir, rows_a: list[dict], rows_b: list[dict]) -> dict[str, tuple[Any, Any]]:
+    """Where each run ended, side by side."""
+    oa, ob = run_outcome(a, rows_a), run_outcome(b, rows_b)
+    return {
+        "reward_mean, last 4 collections": (oa["reward_last4"], ob["reward_last4"]),
+        "output tokens": (oa["response_tokens"], ob["response_tokens"]),
+        "last validation (responses, accuracy)": (oa["validation"], ob["validation"]),
     }
 
 
