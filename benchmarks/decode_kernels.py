@@ -63,6 +63,8 @@ def main(argv=None) -> list[dict]:
         default="32,64,128:1,2,4:1,2,3",
         help="decode attention launch shapes: cache blocks:warps:stages, each a comma list",
     )
+    ap.add_argument("--widths", default="", help="also time one layer's launches by route at these row counts")
+    ap.add_argument("--layer-kv-len", type=int, default=192, help="attended cache length for --widths")
     ap.add_argument("--reps", type=int, default=30, help="launches per graph (a model's layer count is typical)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -173,12 +175,104 @@ def main(argv=None) -> list[dict]:
             f"{default / best['us_per_launch']:.2f}",
             flush=True,
         )
+    if args.widths:
+        rows += layer_routes(model, [int(w) for w in args.widths.split(",")], args.layer_kv_len, time_us, base)
     print("floor: bytes read and written once at the bandwidth; GEMMs are compared with peak FLOP/s instead.")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
         print(f"wrote {args.out}")
     return rows
+
+
+TILE_SWEEP = [  # launch shapes tried for kernels.py's GEMMs (BM is also capped by the width, at least 16)
+    {"BM": bm, "BN": bn, "BK": bk, "SPLIT_K": sk, "num_warps": 4, "num_stages": 4}
+    for bm, bn in [(16, 16), (16, 32), (16, 64), (32, 32), (64, 64)]
+    for bk in (64, 128)
+    for sk in (1, 2, 4)
+]
+
+
+def layer_routes(model, widths: list[int], kv_len: int, time_us, base: dict) -> list[dict]:
+    """One decode layer's launches by route, at each width: cuBLAS GEMMs between norm and activation
+    kernels (8 launches) against kernels.py's GEMMs with the norm, activation and residual inside
+    (5 launches), and attention whole against split; then each own GEMM over TILE_SWEEP."""
+    c, dev = model.config, model.device
+    dtype = model.get_input_embeddings().weight.dtype
+    H, I = c.hidden_size, c.intermediate_size  # noqa: E741 - the paper's names
+    n_q, n_kv = c.num_attention_heads, c.num_key_value_heads
+    D = getattr(c, "head_dim", None) or H // n_q
+    g = torch.Generator(dev).manual_seed(1)
+    t = lambda *shape: (torch.randn(*shape, generator=g, device=dev) * 0.1).to(dtype)  # noqa: E731
+    wqkv, wo, wgu, wd, gamma = t((n_q + 2 * n_kv) * D, H), t(H, n_q * D), t(2 * I, H), t(H, I), t(H)
+    cos, sin, scale = t(kv_len, D), t(kv_len, D), D**-0.5
+    rows, linear = [], torch.nn.functional.linear
+    print(f"\none layer at {kv_len} cached slots, us per layer (x{c.num_hidden_layers} layers per step):")
+    print(f"{'width':>6} {'cublas 8':>9} {'own 5':>9} {'own/cublas':>10} {'attn whole':>11} {'attn split':>11}")
+    for B in widths:
+        x, h, qkv, o, gu, act = t(B, H), t(B, H), t(B, wqkv.shape[0]), t(B, n_q * D), t(B, 2 * I), t(B, I)
+        kv, valid = t(2, B, n_kv, kv_len, D), torch.ones(B, kv_len, dtype=torch.bool, device=dev)
+        pos0, step = torch.zeros(B, dtype=torch.long, device=dev), torch.zeros(1, dtype=torch.long, device=dev)
+        slot0, counts = torch.tensor([kv_len - 1], device=dev), torch.zeros(B * n_kv, dtype=torch.int32, device=dev)
+
+        def attend(split):
+            K.rotary_attention(
+                qkv, cos, sin, pos0, slot0, step, kv[0], kv[1], valid, kv_len, scale, o, split=split, counts=counts
+            )
+
+        def cublas():
+            q = linear(h, wqkv)
+            attend(False)
+            K.add_rms_norm(x, linear(o, wo), gamma, 1e-5, h)
+            K.silu_mul(linear(h, wgu), act)
+            K.add_rms_norm(x, linear(act, wd), gamma, 1e-5, h)
+            return q
+
+        def own(split=None):
+            K.norm_linear(x, gamma, 1e-5, wqkv, None, qkv)
+            attend(split)
+            K.linear_add(o, wo, x)
+            K.norm_linear(x, gamma, 1e-5, wgu, None, gu)
+            K.linear_add(gu, wd, x, gated=True)
+
+        r = {"width": B, "kv_len": kv_len}
+        r |= {"cublas_us": time_us(cublas), "own_us": time_us(own)}
+        r |= {
+            "attention_whole_us": time_us(lambda: attend(False)),
+            "attention_split_us": time_us(lambda: attend(True)),
+        }
+        print(
+            f"{B:>6} {r['cublas_us']:>9.1f} {r['own_us']:>9.1f} {r['own_us'] / r['cublas_us']:>9.2f}x "
+            f"{r['attention_whole_us']:>11.1f} {r['attention_split_us']:>11.1f}",
+            flush=True,
+        )
+        gemms = {
+            "qkv (norm)": (lambda **k: K.norm_linear(x, gamma, 1e-5, wqkv, None, qkv, **k), lambda: linear(h, wqkv)),
+            "o (+x)": (lambda **k: K.linear_add(o, wo, x, **k), lambda: x.add_(linear(o, wo))),
+            "gate_up (norm)": (lambda **k: K.norm_linear(x, gamma, 1e-5, wgu, None, gu, **k), lambda: linear(h, wgu)),
+            "down (silu, +x)": (lambda **k: K.linear_add(gu, wd, x, gated=True, **k), lambda: linear(act, wd)),
+        }
+        for name, (mine, theirs) in gemms.items():
+            sweep = []
+            for tiles in TILE_SWEEP:
+                if tiles["BM"] > max(16, triton_next_pow2(B)):
+                    continue
+                sweep.append(tiles | {"us": time_us(lambda: mine(**tiles))})
+            sweep.sort(key=lambda e: e["us"])
+            r[f"gemm {name}"] = {"default_us": time_us(mine), "cublas_gemm_only_us": time_us(theirs), "sweep": sweep}
+            best = sweep[0]
+            print(
+                f"       {name:<16} default {r[f'gemm {name}']['default_us']:6.1f}  best {best['us']:6.1f} "
+                f"(BM {best['BM']} BN {best['BN']} BK {best['BK']} split {best['SPLIT_K']})  "
+                f"cuBLAS GEMM alone {r[f'gemm {name}']['cublas_gemm_only_us']:6.1f}",
+                flush=True,
+            )
+        rows.append(base | {"kernel": "layer routes"} | r)
+    return rows
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ KINDS = [  # first match wins; kernel names are lower-cased
         "fused (Triton)",
         (
             "_add_rms_norm_kernel",
+            "_linear_kernel",
             "_rotary_attention_kernel",
             "_silu_mul_kernel",
             "_sample_partial_kernel",

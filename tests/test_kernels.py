@@ -42,15 +42,17 @@ def test_embed_rms_norm_gathers_then_normalises():
     torch.testing.assert_close(out, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w)
 
 
-@pytest.mark.parametrize("kv_len", [32, 64])
-def test_rotary_attention_writes_its_slot_and_attends_prompt_decodes_and_itself(kv_len):
+@pytest.mark.parametrize("kv_len, step", [(32, 6), (64, 50)])
+@pytest.mark.parametrize("split", [False, True])
+def test_rotary_attention_writes_its_slot_and_attends_prompt_decodes_and_itself(kv_len, step, split):
     """One fused launch against plain torch: rotary at each row's position, k and v written to cache slot
     slot0 + step only, then grouped-query softmax over real prompt slots, earlier decoded slots and the
-    token itself."""
+    token itself; whole, or split into 16-slot pieces that the last program to finish combines."""
     g = torch.Generator(DEVICE).manual_seed(2)
     B, n_q, n_kv, D, C = 3, 6, 2, 32, 70  # 3 query heads per KV head (padded to 16 rows in the kernel)
-    P, step = 9, 6  # prompt slots 0..8; decoded tokens in slots 9..13; this token goes to slot 14
+    P = 9  # prompt slots 0..8, then decoded tokens; this token goes to slot P - 1 + step
     slot = P - 1 + step
+    counts = torch.zeros(B * n_kv, dtype=torch.int32)
     qkv = torch.randn(B, (n_q + 2 * n_kv) * D, generator=g)
     cos_table, sin_table = torch.randn(C, D, generator=g), torch.randn(C, D, generator=g)  # [positions, D]
     pos0 = torch.tensor([2, 0, 7, 5])  # [rows]: 4 rows, 3 decoded
@@ -72,7 +74,11 @@ def test_rotary_attention_writes_its_slot_and_attends_prompt_decodes_and_itself(
         0.25,
         out,
         block_k=16,
+        split=split,
+        chunk=16,
+        counts=counts,
     )
+    assert not counts.any()  # the split tally is left at zero for the next launch
     pos = pos0[:B] + step
     cos, sin = cos_table[pos][:, None], sin_table[pos][:, None]  # [B, 1, D]
     q, k, v = qkv.split([n_q * D, n_kv * D, n_kv * D], -1)
@@ -89,6 +95,46 @@ def test_rotary_attention_writes_its_slot_and_attends_prompt_decodes_and_itself(
     scores = torch.einsum("bhd,bhkd->bhk", q, kk) * 0.25
     p = scores.masked_fill(~seen[:, None], float("-inf")).softmax(-1)  # [B, Hq, K]
     torch.testing.assert_close(out, torch.einsum("bhk,bhkd->bhd", p, vv).reshape(B, -1))
+
+
+def rms_norm(x, gamma):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * gamma
+
+
+@pytest.mark.parametrize("tiles", [{}, {"BM": 16, "BN": 32, "BK": 32}])
+def test_norm_linear_normalises_as_it_reads(tiles):
+    """RMSNorm(x) * gamma @ W^T + b in one launch; K = 80 and N = 70 leave partial tiles in both loops."""
+    g = torch.Generator(DEVICE).manual_seed(5)
+    x, gamma = torch.randn(5, 80, generator=g), torch.randn(80, generator=g)
+    w, b = torch.randn(70, 80, generator=g), torch.randn(70, generator=g)
+    out = torch.empty(5, 70)
+    K.norm_linear(x, gamma, 1e-5, w, b, out, **tiles)
+    torch.testing.assert_close(out, torch.nn.functional.linear(rms_norm(x, gamma), w, b))
+
+
+def test_embed_norm_linear_writes_the_stream_it_starts():
+    g = torch.Generator(DEVICE).manual_seed(6)
+    emb, gamma, w = torch.randn(11, 80, generator=g), torch.randn(80, generator=g), torch.randn(70, 80, generator=g)
+    tokens = torch.tensor([3, 10, 0, 3, 7, 1])  # one more than the rows decoded
+    x, out = torch.empty(5, 80), torch.empty(5, 70)
+    K.embed_norm_linear(tokens, emb, x, gamma, 1e-5, w, None, out, BN=32)  # three column tiles: one writes x
+    torch.testing.assert_close(x, emb[tokens[:5]])
+    torch.testing.assert_close(out, torch.nn.functional.linear(rms_norm(x, gamma), w))
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_linear_add_adds_the_product_to_the_stream(gated, split_k):
+    """x += a @ W^T + b, or x += (silu(gate) * up) @ W^T + b for a = [gate | up], in place; K = 70 in one
+    program per tile, or in three 32-column parts (the last partly masked) added by the last to finish."""
+    g = torch.Generator(DEVICE).manual_seed(7)
+    a = torch.randn(5, 2 * 70 if gated else 70, generator=g)
+    w, b, x = torch.randn(80, 70, generator=g), torch.randn(80, generator=g), torch.randn(5, 80, generator=g)
+    x0, counts = x.clone(), torch.zeros(3, dtype=torch.int32)  # 3 output tiles of 16 x 32
+    K.linear_add(a, w, x, gated=gated, bias=b, counts=counts, BK=32, SPLIT_K=split_k)
+    assert not counts.any()
+    operand = torch.nn.functional.silu(a[:, :70]) * a[:, 70:] if gated else a
+    torch.testing.assert_close(x, x0 + torch.nn.functional.linear(operand, w, b))
 
 
 def test_silu_mul():

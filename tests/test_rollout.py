@@ -176,6 +176,36 @@ def test_fast_matches_eager(tiny, prompts, fast):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "linear_rows, split",
+    [pytest.param(0, False, id="cublas-gemms"), pytest.param(1 << 30, False, id="own-gemms"), (1 << 30, True)],
+)
+def test_fused_routes_match_eager(tiny, prompts, monkeypatch, linear_rows, split):
+    """The fused step's projections through cuBLAS between norm kernels, or through kernels.py's GEMMs with
+    the norm, activation and residual inside; attention over the whole cache per program, or split into
+    16-slot pieces combined by the last program (the tally left at zero for the next launch)."""
+    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the CPU model's fused path needs Triton's interpreter")
+    from grpo_knobs.rollout import kernels
+
+    monkeypatch.setattr(kernels, "SPLIT_CHUNK", 16)
+    monkeypatch.setattr(kernels, "_sm_count", lambda device: 1 << 20 if split else 1)
+    model, tokenizer = tiny
+    launches = []
+    attend = kernels.rotary_attention
+    monkeypatch.setattr(kernels, "rotary_attention", lambda *a, **k: launches.append(a[9]) or attend(*a, **k))
+    kw = dict(n=2, max_new_tokens=12, temperature=0, seed=0)
+    eager = HFEngine(model, tokenizer, fast=False, return_logprobs=True, max_batch_size=8).generate(prompts, **kw)
+    engine = HFEngine(model, tokenizer, fast="fused", return_logprobs=True, max_batch_size=8, compact=False)
+    engine.decoder.linear_rows = linear_rows
+    fused = engine.generate(prompts, **kw)
+    assert launches and min(launches) >= 64  # kv_len: with 16-slot pieces, every launch splits at least four ways
+    assert fused.token_ids == eager.token_ids
+    for a, b in zip(fused.logprobs, eager.logprobs):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-4, rtol=1e-4)
+    assert not engine.decoder.counts.any()
+
+
 def test_fast_samples_match_eager_on_cpu(tiny, prompts):
     """On CPU torch.multinomial draws one sample as an exponential race too, from the same seeded stream,
     so the two paths sample identical tokens (a torch implementation detail: if this breaks alone, the

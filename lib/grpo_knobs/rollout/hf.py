@@ -107,6 +107,11 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
+# The widest decode step whose projections run as kernels.py's GEMMs (norm and activation inside them)
+# rather than cuBLAS's: narrower steps are bound by their launches, wider ones by the GEMMs themselves.
+LINEAR_ROWS = 64
+
+
 class StaticDecoder:
     """Batched decoding over a preallocated KV cache, using the model's own modules and parameters.
 
@@ -131,6 +136,7 @@ class StaticDecoder:
         check_every: int = 16,
         min_rows: int = 16,
         keyed: bool = False,
+        linear_rows: int = LINEAR_ROWS,
     ):
         cfg = model.config
         layer_types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
@@ -167,6 +173,7 @@ class StaticDecoder:
         # compact: every check_every steps (one host sync), once at most half the rows are still
         # decoding, move them to the front and continue at the next power-of-two width (>= min_rows)
         self.compact, self.check_every, self.min_rows = compact, check_every, min_rows
+        self.linear_rows = linear_rows  # the fused step's own GEMMs up to this many rows, cuBLAS's above
         self.compactions = 0  # how often rows were dropped (benchmarks and tests read it)
         # keyed: each row's noise comes from its response key (response_keys), not from torch's stream.
         # The fused sampler is always keyed; the plain one only when asked (deterministic runs).
@@ -196,6 +203,11 @@ class StaticDecoder:
         self.step = torch.zeros(1, dtype=torch.long, device=dev)  # output column the next token goes to
         self.inv_temp = torch.ones(1, dtype=torch.float32, device=dev)
         self.keys = torch.zeros(rows, dtype=torch.long, device=dev)  # [R] response key of each row's noise
+        # the tallies of split attention (one per row and KV head) and split GEMMs (one per output tile,
+        # at most 16 x 32, of the widest projection), each left at zero by the launch that used it
+        widest = max(self.fused.wqkv[0].shape[0], self.fused.wgu[0].shape[0]) if self.fused is not None else 0
+        tallies = max(rows * self.n_kv, -(-rows // 16) * -(-widest // 32))
+        self.counts = torch.zeros(tallies, dtype=torch.int32, device=dev)  # [tallies]
         if self.fused is not None:  # the model's rotary embedding at every cache position, read by position
             cos, sin = self.backbone.rotary_emb(self.weight.new_empty(1, cap, 1), self.arange[None])  # [1, C, D]
             self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()  # [C, D]
@@ -279,15 +291,38 @@ class StaticDecoder:
         self.step.add_(1)
 
     def _forward_fused(self, B: int, kv_len: int):
-        """One decode token for rows :B through the fused kernels (kernels.py); returns [B, H] after the final norm."""
-        from .kernels import add_rms_norm, embed_rms_norm, rotary_attention, silu_mul
+        """One decode token for rows :B through the fused kernels (kernels.py); returns [B, H] after the final norm.
 
-        f, E = self.fused, self.weight
+        Up to ``linear_rows`` rows the projections are kernels.py's own GEMMs, which compute the norm or the
+        activation as they read their operand and add the residual as they write: five launches a layer.
+        Wider, cuBLAS's GEMMs between separate norm and activation kernels: eight launches, faster GEMMs.
+        """
+        from .kernels import (
+            add_rms_norm,
+            embed_norm_linear,
+            embed_rms_norm,
+            linear_add,
+            norm_linear,
+            rotary_attention,
+            silu_mul,
+        )
+
+        f, E, linear = self.fused, self.weight, torch.nn.functional.linear
         x = E.new_empty(B, E.shape[1])  # [B, H] residual stream, updated in place
         h = torch.empty_like(x)  # [B, H] normalised input of the next block
-        embed_rms_norm(self.tok, E, f.norms[0], f.eps, x, h)
+        own = B <= self.linear_rows
+        if not own:
+            embed_rms_norm(self.tok, E, f.norms[0], f.eps, x, h)
         for i, layer in enumerate(self.layers):
-            qkv = torch.nn.functional.linear(h, f.wqkv[i], f.bqkv[i])  # [B, (Hq + 2 Hkv) * D]
+            attn, mlp = layer.self_attn, layer.mlp
+            if not own:
+                qkv = linear(h, f.wqkv[i], f.bqkv[i])  # [B, (Hq + 2 Hkv) * D]
+            else:
+                qkv = x.new_empty(B, f.wqkv[i].shape[0])  # [B, (Hq + 2 Hkv) * D]
+                if i == 0:  # the stream starts as the tokens' embedding rows, gathered as the projection reads them
+                    embed_norm_linear(self.tok, E, x, f.norms[0], f.eps, f.wqkv[0], f.bqkv[0], qkv, self.counts)
+                else:
+                    norm_linear(x, f.norms[2 * i], f.eps, f.wqkv[i], f.bqkv[i], qkv, self.counts)
             o = x.new_empty(B, self.n_heads * self.head_dim)  # [B, Hq * D]
             rotary_attention(
                 qkv,
@@ -300,13 +335,22 @@ class StaticDecoder:
                 self.kv[i, 1],
                 self.valid,
                 kv_len,
-                layer.self_attn.scaling,
+                attn.scaling,
                 o,
+                counts=self.counts,
             )
-            add_rms_norm(x, layer.self_attn.o_proj(o), f.norms[2 * i + 1], f.eps, h)
-            gate_up = torch.nn.functional.linear(h, f.wgu[i])  # [B, 2I]
-            act = silu_mul(gate_up, x.new_empty(B, gate_up.shape[1] // 2))  # [B, I]
-            add_rms_norm(x, layer.mlp.down_proj(act), f.norms[2 * i + 2], f.eps, h)
+            if own:
+                linear_add(o, attn.o_proj.weight, x, bias=attn.o_proj.bias, counts=self.counts)
+                gate_up = x.new_empty(B, f.wgu[i].shape[0])  # [B, 2I]
+                norm_linear(x, f.norms[2 * i + 1], f.eps, f.wgu[i], None, gate_up, self.counts)
+                linear_add(gate_up, mlp.down_proj.weight, x, gated=True, bias=mlp.down_proj.bias, counts=self.counts)
+            else:
+                add_rms_norm(x, attn.o_proj(o), f.norms[2 * i + 1], f.eps, h)
+                gate_up = linear(h, f.wgu[i])  # [B, 2I]
+                act = silu_mul(gate_up, x.new_empty(B, gate_up.shape[1] // 2))  # [B, I]
+                add_rms_norm(x, mlp.down_proj(act), f.norms[2 * i + 2], f.eps, h)
+        if own:
+            add_rms_norm(x, None, f.norms[-1], f.eps, h)
         return h
 
     def refresh_weights(self) -> None:

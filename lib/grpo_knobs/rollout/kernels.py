@@ -23,6 +23,7 @@ Without CUDA the kernels run in Triton's interpreter, which is how the CPU tests
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -119,6 +120,242 @@ def embed_rms_norm(
     return out
 
 
+SPLIT_CHUNK = 64  # cache slots per program of split decode attention
+
+
+@triton.jit
+def _linear_kernel(
+    a_ptr,
+    w_ptr,
+    bias_ptr,
+    gamma_ptr,
+    tok_ptr,
+    x_ptr,
+    out_ptr,
+    part_ptr,
+    count_ptr,
+    M,
+    N,
+    stride_a,
+    stride_out,
+    eps,
+    K: tl.constexpr,
+    K_PER: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    A_MODE: tl.constexpr,
+    GATHER: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    # Program (m, n, s): output tile rows m*BM.., columns n*BN.. of A @ W^T over K_PER of the K columns
+    # from s * K_PER, where A is built on the fly: A_MODE 0 reads A; 1 is RMSNorm(A) * gamma (a first
+    # pass over the row sums its squares); 2 is silu(gate) * up for A = [gate | up]. Each rounds to the
+    # storage dtype where the modules do, so the product sees the operand a separate norm or activation
+    # kernel would have written. With SPLIT_K > 1 the last program of a tile to finish adds the splits.
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    dtype = w_ptr.dtype.element_ty
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    m_ok = rm < M
+    n_ok = rn < N
+    if GATHER:  # A's rows are embedding rows: the residual stream starts as each token's embedding
+        src = tl.load(tok_ptr + rm, mask=m_ok, other=0)
+    else:
+        src = rm
+    a_rows = a_ptr + src.to(tl.int64)[:, None] * stride_a  # [BM, 1]
+    if A_MODE == 1:
+        ss = tl.zeros([BM], tl.float32)
+        for k0 in range(0, K, BK):
+            ks = k0 + rk
+            ok = m_ok[:, None] & (ks < K)[None, :]
+            xa = tl.load(a_rows + ks[None, :], mask=ok, other=0.0)  # [BM, BK]
+            if GATHER:
+                if (pid_n == 0) & (pid_k == 0):  # one program per row tile writes the stream
+                    tl.store(x_ptr + rm[:, None] * K + ks[None, :], xa.to(x_ptr.dtype.element_ty), mask=ok)
+            xf = xa.to(x_ptr.dtype.element_ty).to(tl.float32)
+            ss += tl.sum(xf * xf, axis=1)
+        inv = 1.0 / tl.sqrt(ss / K + eps)  # [BM]
+    acc = tl.zeros([BM, BN], tl.float32)
+    for k0 in range(0, K_PER, BK):
+        ks = pid_k * K_PER + k0 + rk
+        k_ok = ks < K
+        ok = m_ok[:, None] & k_ok[None, :]
+        if A_MODE == 1:
+            xf = tl.load(a_rows + ks[None, :], mask=ok, other=0.0).to(x_ptr.dtype.element_ty).to(tl.float32)
+            normed = (xf * inv[:, None]).to(dtype).to(tl.float32)
+            gamma = tl.load(gamma_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+            a = (normed * gamma[None, :]).to(dtype)  # [BM, BK]
+        elif A_MODE == 2:
+            gate = tl.load(a_rows + ks[None, :], mask=ok, other=0.0).to(tl.float32)
+            up = tl.load(a_rows + K + ks[None, :], mask=ok, other=0.0).to(tl.float32)
+            act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+            a = (act * up).to(dtype)  # [BM, BK]
+        else:
+            a = tl.load(a_rows + ks[None, :], mask=ok, other=0.0).to(dtype)
+        w = tl.load(w_ptr + rn[:, None] * K + ks[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)  # [BN, BK]
+        acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)  # [BM, BN] float32
+    if SPLIT_K == 1:
+        _linear_store(acc, bias_ptr, out_ptr, rm, rn, m_ok, n_ok, stride_out, dtype, HAS_BIAS, RESIDUAL)
+    else:
+        # As split attention: publish this split's sum, count it in (acquire-release), and the last
+        # program of the tile adds the splits in order, so the sum does not depend on which one it is.
+        tile = pid_m * tl.num_programs(1) + pid_n
+        cell = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]  # [BM, BN]
+        tl.store(part_ptr + (tile * SPLIT_K + pid_k) * BM * BN + cell, acc)
+        if tl.atomic_add(count_ptr + tile, 1) == SPLIT_K - 1:
+            acc = tl.zeros([BM, BN], tl.float32)
+            for t in tl.static_range(SPLIT_K):
+                acc += tl.load(part_ptr + (tile * SPLIT_K + t) * BM * BN + cell, cache_modifier=".cg")
+            tl.store(count_ptr + tile, 0)
+            _linear_store(acc, bias_ptr, out_ptr, rm, rn, m_ok, n_ok, stride_out, dtype, HAS_BIAS, RESIDUAL)
+
+
+@triton.jit
+def _linear_store(acc, bias_ptr, out_ptr, rm, rn, m_ok, n_ok, stride_out, dtype, HAS_BIAS, RESIDUAL):
+    """Bias, rounding and (RESIDUAL) the add to the stream, for a finished [BM, BN] float32 tile."""
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    y = acc.to(dtype)
+    out = out_ptr + rm[:, None] * stride_out + rn[None, :]
+    ok = m_ok[:, None] & n_ok[None, :]
+    if RESIDUAL:  # out is the residual stream: x + (A @ W^T), the product rounded first as a module's output is
+        y = (tl.load(out, mask=ok, other=0.0).to(tl.float32) + y.to(tl.float32)).to(dtype)
+    tl.store(out, y, mask=ok)
+
+
+def _linear_tiles(M: int, N: int, K: int, device: torch.device) -> dict:
+    """Launch shape of _linear_kernel. The decoder calls it at narrow widths, where a GEMM's time is the
+    latency of its K loop, not its FLOPs: 16-row tiles and narrow column tiles give the most programs
+    (the best of a sweep at 16-64 rows on an H200, benchmarks/decode_kernels.py --widths), and a long K
+    is split while the tiles alone leave SMs idle."""
+    bn = 32 if N <= 1024 else 64
+    tiles = triton.cdiv(M, 16) * triton.cdiv(N, bn)
+    split_k = 4 if K >= 1024 and tiles < _sm_count(device) else 1
+    return {"BM": 16, "BN": bn, "BK": 64, "SPLIT_K": split_k, "num_warps": 4, "num_stages": 4}
+
+
+def _linear(
+    a,
+    weight,
+    out,
+    *,
+    mode: int,
+    bias=None,
+    gamma=None,
+    eps=0.0,
+    tokens=None,
+    x=None,
+    residual=False,
+    counts=None,
+    **tiles,
+):
+    """One launch of _linear_kernel: out [M, N] from a and weight [N, K] (see the public wrappers)."""
+    M, (N, K) = out.shape[0], weight.shape
+    assert weight.is_contiguous() and out.stride(-1) == 1 and a.stride(-1) == 1
+    launch = _linear_tiles(M, N, K, weight.device) | tiles
+    bm, bn, bk, split_k = launch["BM"], launch["BN"], launch["BK"], launch.pop("SPLIT_K")
+    grid = (triton.cdiv(M, bm), triton.cdiv(N, bn), split_k)
+    k_per = triton.cdiv(triton.cdiv(K, split_k), bk) * bk  # K columns per split, whole BK blocks
+    part = count_buf = out  # not read with one split
+    if split_k > 1:
+        part = torch.empty(grid[0] * grid[1] * split_k * bm * bn, dtype=torch.float32, device=out.device)
+        count_buf = (
+            counts if counts is not None else torch.zeros(grid[0] * grid[1], dtype=torch.int32, device=out.device)
+        )
+        assert count_buf.numel() >= grid[0] * grid[1]
+    _linear_kernel[grid](
+        a,
+        weight,
+        bias if bias is not None else weight,
+        gamma if gamma is not None else weight,
+        tokens if tokens is not None else out,
+        x if x is not None else out,
+        out,
+        part,
+        count_buf,
+        M,
+        N,
+        a.stride(0),
+        out.stride(0),
+        eps,
+        K=K,
+        K_PER=k_per,
+        SPLIT_K=split_k,
+        A_MODE=mode,
+        GATHER=tokens is not None,
+        HAS_BIAS=bias is not None,
+        RESIDUAL=residual,
+        PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
+        **launch,
+    )
+    return out
+
+
+def norm_linear(
+    x: torch.Tensor,
+    gamma: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    counts: torch.Tensor | None = None,
+    **tiles,
+) -> torch.Tensor:
+    """out = (RMSNorm(x) * gamma) @ weight^T + bias in one launch, the norm computed as the operand is read.
+
+    x: [B, K] the residual stream; gamma: [K]; weight: [N, K] contiguous; bias: [N] or None; out: [B, N].
+    A long K is split across programs whose last adds the parts in order; ``counts`` (int32, zero, one per
+    output tile, left zero) keeps their tally in a buffer a CUDA graph holds. ``tiles`` overrides the launch
+    shape (BM, BN, BK, SPLIT_K, num_warps, num_stages; benchmarks sweep it).
+    """
+    return _linear(x, weight, out, mode=1, bias=bias, gamma=gamma, eps=eps, x=x, counts=counts, **tiles)
+
+
+def embed_norm_linear(
+    tokens: torch.Tensor,
+    embedding: torch.Tensor,
+    x: torch.Tensor,
+    gamma: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    counts: torch.Tensor | None = None,
+    **tiles,
+) -> torch.Tensor:
+    """``norm_linear`` of the tokens' embedding rows, which are also written to x (the residual stream).
+
+    tokens: [>= B] long; embedding: [V, K]; x: [B, K] contiguous; out: [B, N].
+    """
+    assert x.is_contiguous() and x.shape[1] == embedding.shape[1]
+    return _linear(
+        embedding, weight, out, mode=1, bias=bias, gamma=gamma, eps=eps, tokens=tokens, x=x, counts=counts, **tiles
+    )
+
+
+def linear_add(
+    a: torch.Tensor,
+    weight: torch.Tensor,
+    x: torch.Tensor,
+    gated: bool = False,
+    bias: torch.Tensor | None = None,
+    counts: torch.Tensor | None = None,
+    **tiles,
+) -> torch.Tensor:
+    """x += a @ weight^T + bias in place (the residual add), or x += (silu(gate) * up) @ weight^T + bias for
+    a = [gate | up] when ``gated``: the activation computed as the operand is read. a: [B, K] or [B, 2K];
+    weight: [N, K] contiguous; bias: [N] or None; x: [B, N]; counts as for ``norm_linear``. The product is
+    rounded to x's dtype before the add, as a module's output is."""
+    return _linear(a, weight, x, mode=2 if gated else 0, bias=bias, x=x, residual=True, counts=counts, **tiles)
+
+
 @triton.jit
 def _rotary_attention_kernel(
     qkv_ptr,
@@ -131,12 +368,16 @@ def _rotary_attention_kernel(
     v_ptr,
     valid_ptr,
     o_ptr,
+    part_ptr,
+    count_ptr,
     scale,
     stride_row,
     stride_head,
     stride_slot,
     stride_valid,
     KV_LEN: tl.constexpr,
+    CHUNK: tl.constexpr,
+    SPLITS: tl.constexpr,
     N_Q: tl.constexpr,
     N_KV: tl.constexpr,
     G: tl.constexpr,
@@ -146,11 +387,14 @@ def _rotary_attention_kernel(
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    # Program (b, j): row b's KV head j and the G query heads it serves. It rotates them at the row's
-    # position, writes this token's key and value into the cache, attends over the cache before it, and
-    # adds this token's own term from registers (so nothing it wrote needs to be read back).
+    # Program (b, j, c): row b's KV head j and the G query heads it serves, over cache slots
+    # c * CHUNK .. (c + 1) * CHUNK - 1. It rotates them at the row's position, writes this token's key and
+    # value into the cache (split 0), attends over its slots before this token, and the program that
+    # finishes last for (b, j) combines the splits and adds this token's own term from registers (so
+    # nothing written in this launch needs to be read back from the cache).
     b = tl.program_id(0)
     j = tl.program_id(1)
+    c = tl.program_id(2)
     step = tl.load(step_ptr)
     prompt_end = tl.load(slot0_ptr) + 1  # slots below hold the left-padded prompt; `valid` marks its tokens
     slot = prompt_end - 1 + step  # this token's cache slot
@@ -174,13 +418,14 @@ def _rotary_attention_kernel(
     v_new = tl.load(src + (N_Q + N_KV + j) * D + d).to(v_ptr.dtype.element_ty)  # [D]
     k_base = k_ptr + b * stride_row + j * stride_head
     v_base = v_ptr + b * stride_row + j * stride_head
-    tl.store(k_base + slot * stride_slot + d[None, :], k_new)
-    tl.store(v_base + slot * stride_slot + d, v_new)
+    if c == 0:
+        tl.store(k_base + slot * stride_slot + d[None, :], k_new)
+        tl.store(v_base + slot * stride_slot + d, v_new)
     m_i = tl.full([G_PAD], -1.0e30, tl.float32)  # running max (finite: a fully masked block stays harmless)
     l_i = tl.zeros([G_PAD], tl.float32)  # running softmax denominator
     acc = tl.zeros([G_PAD, D], tl.float32)
-    for start in range(0, KV_LEN, BLOCK_K):
-        ks = start + tl.arange(0, BLOCK_K)
+    for start in range(0, CHUNK, BLOCK_K):
+        ks = c * CHUNK + start + tl.arange(0, BLOCK_K)
         in_range = ks < KV_LEN
         in_prompt = ks < prompt_end
         marked = tl.load(valid_ptr + b * stride_valid + ks, mask=in_range & in_prompt, other=0) != 0
@@ -195,15 +440,47 @@ def _rotary_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # [G_PAD, D]
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
-    # this token attends to itself
+    o_rows = o_ptr + (b * N_Q + j * G + g) * D + d[None, :]  # [G_PAD, D]
+    if SPLITS == 1:
+        _attend_self(q, k_new, v_new, m_i, l_i, acc, scale, o_rows, is_q)
+    else:
+        # Publish this split's running max, denominator and sum, then count it in; the count's
+        # acquire-release ordering makes every earlier split's partial visible to the program that
+        # counts last, which folds them in split order (so the result does not depend on which
+        # program that is) and resets the count for the next launch.
+        part = part_ptr + ((b * N_KV + j) * SPLITS) * G_PAD * (D + 2)
+        row = g * (D + 2)  # [G_PAD, 1]
+        tl.store(part + c * G_PAD * (D + 2) + row + d[None, :], acc, mask=is_q)
+        tl.store(part + c * G_PAD * (D + 2) + row + D, m_i[:, None], mask=is_q)
+        tl.store(part + c * G_PAD * (D + 2) + row + D + 1, l_i[:, None], mask=is_q)
+        if tl.atomic_add(count_ptr + b * N_KV + j, 1) == SPLITS - 1:
+            m_i = tl.full([G_PAD], -1.0e30, tl.float32)
+            l_i = tl.zeros([G_PAD], tl.float32)
+            acc = tl.zeros([G_PAD, D], tl.float32)
+            for t in tl.static_range(SPLITS):
+                base = part + t * G_PAD * (D + 2) + row
+                m_t = tl.sum(tl.load(base + D, mask=is_q, other=-1.0e30, cache_modifier=".cg"), axis=1)  # [G_PAD]
+                l_t = tl.sum(tl.load(base + D + 1, mask=is_q, other=0.0, cache_modifier=".cg"), axis=1)
+                acc_t = tl.load(base + d[None, :], mask=is_q, other=0.0, cache_modifier=".cg")  # [G_PAD, D]
+                m_new = tl.maximum(m_i, m_t)
+                a_old, a_t = tl.exp(m_i - m_new), tl.exp(m_t - m_new)
+                acc = acc * a_old[:, None] + acc_t * a_t[:, None]
+                l_i = l_i * a_old + l_t * a_t
+                m_i = m_new
+            tl.store(count_ptr + b * N_KV + j, 0)
+            _attend_self(q, k_new, v_new, m_i, l_i, acc, scale, o_rows, is_q)
+
+
+@triton.jit
+def _attend_self(q, k_new, v_new, m_i, l_i, acc, scale, o_rows, is_q):
+    """Fold this token's own score into the softmax state and store the normalised output."""
     s_self = tl.sum(q.to(tl.float32) * k_new.to(tl.float32), axis=1) * scale  # [G_PAD]
     m_new = tl.maximum(m_i, s_self)
     alpha = tl.exp(m_i - m_new)
-    p_self = tl.exp(s_self - m_new).to(v_ptr.dtype.element_ty).to(tl.float32)  # rounded as the block products' p
+    p_self = tl.exp(s_self - m_new).to(v_new.dtype).to(tl.float32)  # rounded as the block products' p
     acc = acc * alpha[:, None] + p_self[:, None] * v_new.to(tl.float32)[None, :]
     l_i = l_i * alpha + tl.exp(s_self - m_new)
-    out = acc / l_i[:, None]
-    tl.store(o_ptr + (b * N_Q + j * G + g) * D + d[None, :], out.to(o_ptr.dtype.element_ty), mask=is_q)
+    tl.store(o_rows, (acc / l_i[:, None]).to(o_rows.dtype.element_ty), mask=is_q)
 
 
 def rotary_attention(
@@ -222,6 +499,9 @@ def rotary_attention(
     block_k: int = 32,
     num_warps: int | None = None,
     num_stages: int = 2,
+    counts: torch.Tensor | None = None,
+    split: bool | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """One decode token's rotary embedding, cache write and grouped-query attention, in one launch.
 
@@ -233,6 +513,12 @@ def rotary_attention(
     concatenated, as o_proj expects). Scores and softmax in float32; q and k rounded to the cache dtype, and
     probabilities before the value product, as flash attention does; float32 inputs multiply in full
     precision, so the CPU and GPU tests compare exactly.
+
+    At a narrow width there are too few (row, KV head) programs to fill the GPU, and each would walk the
+    whole cache alone: with ``split`` (default: when rows x KV heads < 2 x SMs) the cache is cut into
+    ``chunk``-slot pieces (default SPLIT_CHUNK), one program each, combined by the last to finish.
+    ``counts`` ([>= B * Hkv] int32, zero; left zero after the launch) lets a caller keep that tally in a
+    buffer a CUDA graph holds.
     """
     B = qkv.shape[0]
     n_kv, C, D = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
@@ -245,7 +531,19 @@ def rotary_attention(
     # compiles once (and Triton's on-disk cache keeps it). Launch shape: the fastest of a sweep on an H200
     # at SmolLM2-135M's shapes (benchmarks/decode_kernels.py): one warp per 64-wide head and 32-slot
     # blocks, double-buffered.
-    _rotary_attention_kernel[(B, n_kv)](
+    g_pad = max(triton.next_power_of_2(G), 16)
+    if split is None:
+        split = B * n_kv < 2 * _sm_count(qkv.device)
+    whole = triton.cdiv(kv_len, block_k) * block_k
+    piece = min(triton.cdiv(chunk or SPLIT_CHUNK, block_k) * block_k, whole) if split else whole
+    splits = triton.cdiv(kv_len, piece)
+    part = count_buf = out  # not read with one split
+    if splits > 1:
+        part = torch.empty(
+            B, n_kv, splits, g_pad, D + 2, dtype=torch.float32, device=qkv.device
+        )  # [B, Hkv, S, G, D+2]
+        count_buf = counts if counts is not None else torch.zeros(B * n_kv, dtype=torch.int32, device=qkv.device)
+    _rotary_attention_kernel[(B, n_kv, splits)](
         qkv,
         cos,
         sin,
@@ -256,16 +554,20 @@ def rotary_attention(
         v_cache,
         valid,
         out,
+        part,
+        count_buf,
         scale,
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
         valid.stride(0),
         KV_LEN=kv_len,
+        CHUNK=piece,
+        SPLITS=splits,
         N_Q=n_q,
         N_KV=n_kv,
         G=G,
-        G_PAD=max(triton.next_power_of_2(G), 16),
+        G_PAD=g_pad,
         D=D,
         HALF=D // 2,
         BLOCK_K=block_k,
@@ -274,6 +576,12 @@ def rotary_attention(
         num_stages=num_stages,
     )
     return out
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (4 elsewhere: the interpreter runs programs one by one)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 @triton.jit
