@@ -55,22 +55,36 @@ def _cmd_fetch_model(a: argparse.Namespace) -> int:
 
 
 def _cmd_prepare(a: argparse.Namespace) -> int:
-    from .config import parse_overrides
     from .prepare import prepare
 
-    overrides = parse_overrides(a.param or []) | ({"model": a.model} if a.model else {})
-    done = prepare(overrides, a.max_new_tokens)
+    done = prepare(_prepare_values(a))
     if done is None:
         print("grpo-knobs prepare: nothing to compile on CPU (runs there use no compiled kernels)")
         return 0
-    print(
-        f"prepared {done['model']} on {done['gpu']} in {done['seconds']:.1f} s: decode path {done['rollout_path']}, "
-        f"trainer path {done['trainer_path']}, attended caches up to {done['longest_prompt']} prompt + "
-        f"{done['decode_steps'] - done['longest_prompt'] + 1} response tokens"
-    )
+    print(f"prepared on {done['gpu']} in {done['seconds']:.1f} s; bytecode of {done['modules']} run modules written")
+    for run in done["runs"]:
+        print(
+            f"  {run['model']}, deterministic={str(run['deterministic']).lower()}: decode path "
+            f"{run['rollout_path']}, trainer path {run['trainer_path']}, attended caches up to "
+            f"{run['longest_prompt']} prompt + {run['decode_steps'] - run['longest_prompt'] + 1} response tokens"
+        )
     for name, (folder, added) in done["caches"].items():
         print(f"  {name}: {folder} (+{added} files)" if folder else f"  {name}: unset, its own default (not counted)")
     return 0
+
+
+def _prepare_values(a: argparse.Namespace) -> dict:
+    """The run parameters prepare warms, from the arguments train takes (--config, -p) and its own."""
+    from .config import parse_overrides, read_run_values
+
+    values = (read_run_values(a.config) if a.config else {}) | parse_overrides(a.param or [])
+    for key, given in (("model", a.model), ("max_new_tokens", a.max_new_tokens)):
+        if given is None:
+            continue
+        if key in values and str(values[key]) != str(given):
+            raise ValueError(f"{key} is given twice ({values[key]} and {given}); give it once.")
+        values[key] = given
+    return values
 
 
 def _cmd_data(a: argparse.Namespace) -> int:
@@ -265,10 +279,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pr.add_argument("model", nargs="?", help="Registry name, hub id or local path (default: RunConfig's).")
     pr.add_argument(
-        "--max-new-tokens", type=int, default=256, help="Cover attended caches up to this response length."
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="Cover attended caches up to this response length (as -p max_new_tokens=N; default RunConfig's).",
     )
+    pr.add_argument("--config", help="YAML file of run parameters, as for train.")
     pr.add_argument(
-        "-p", "--param", action="append", metavar="KEY=VALUE", help="A run parameter, as for train (repeatable)."
+        "-p",
+        "--param",
+        action="append",
+        metavar="KEY=VALUE",
+        help="A run parameter, as for train (repeatable). Both trainer modes are warmed unless deterministic is set.",
     )
     pr.set_defaults(func=_cmd_prepare)
 
