@@ -450,9 +450,36 @@ def main(argv: list[str] | None = None) -> int:
     import warnings
 
     args = build_parser().parse_args(argv)
-    with warnings.catch_warnings():
-        warnings.showwarning = _note_printer(args.command, warnings.showwarning)
-        return _run(args, debug=args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"))
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = _note_printer(args.command, warnings.showwarning)
+            code = _run(args, debug=args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"))
+        sys.stdout.flush()  # output still buffered meets a closed pipe here
+        return code
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _reader_gone() -> bool:
+    """Whether stdout is a pipe nobody reads any more (poll says so with POLLERR)."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # not a file (captured, or closed): no pipe of ours
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``grpo-knobs compare-runs A B | head -1``): end quietly, with the
+    shell's exit status for a process ended by SIGPIPE. stdout goes to devnull so that the interpreter's
+    last flush at exit does not fail again (the recipe in Python's signal module docs)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 128 + 13  # SIGPIPE
 
 
 def _run(args: argparse.Namespace, debug: bool) -> int:
@@ -466,6 +493,8 @@ def _run(args: argparse.Namespace, debug: bool) -> int:
         print(f"grpo-knobs {args.command}: interrupted" + (f"; to continue: {hint}" if hint else ""), file=sys.stderr)
         return 130
     except (ValueError, OSError, RuntimeError, ImportError) as exc:
+        if isinstance(exc, BrokenPipeError) and _reader_gone():
+            raise  # stdout's reader left: main ends quietly; another pipe's is a failure, reported below
         if debug:
             traceback.print_exc()
         print(f"grpo-knobs {args.command}: error: {_one_line(exc)}", file=sys.stderr)
