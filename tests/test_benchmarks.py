@@ -383,9 +383,11 @@ def test_decode_widths_side_by_side_cpu(tmp_path):
     proc = _bench(
         "benchmarks.decode_widths",
         *("--out", str(out), "--model", "tiny-random", "--widths", "2,4", "--new-tokens", "4", "--repeats", "1"),
-        *("--device", "cpu", "--arm", f"before:code={other}", "--arm", "after"),
+        *("--device", "cpu", "--arm", f"before:code={other}", "--arm", "after", "--logs", str(tmp_path / "logs")),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["widths.json"]  # nothing else beside the JSON
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["after.log", "before.log"]
     rows = json.loads(out.read_text())
     assert [(r["arm"], r["width"], r["mode"]) for r in rows] == [
         (arm, w, mode) for arm in ("before", "after") for w in (2, 4) for mode in ("greedy", "sampled")
