@@ -441,3 +441,50 @@ def test_batch_invariance_cpu(tmp_path):
         assert r["contexts"]["alone"]["max_logprob_gap"] == 0.0  # its own reference
         for c in r["contexts"].values():
             assert c["identical"] and c["max_logprob_gap"] < 1e-4
+
+
+def test_cold_start_cpu(tmp_path):
+    """Two identical tiny runs after prepare: the table's phase rows are the two runs' recorded seconds."""
+    tiny = dict(
+        model="tiny-random",
+        device="cpu",
+        rollout_batch_size=2,
+        n_samples_per_prompt=2,
+        global_batch_size=4,
+        response_budget=8,
+        eval_every_responses=4,
+        eval_problems=2,
+        max_new_tokens=8,
+        resume_every_collections=0,
+    )
+    out, result = tmp_path / "runs", tmp_path / "cold.json"
+    args = ["--out", str(out), "--prepare", "--json", str(result)]
+    proc = _bench("benchmarks.cold_start", *args, *(a for k, v in tiny.items() for a in ("-p", f"{k}={v}")))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("grpo-knobs prepare: nothing to compile on CPU")
+    assert lines[1].split() == ["phase", "(s)", "first", "second", "first-second"]
+    first, second = (json.loads((out / name / "timings.json").read_text()) for name in ("first", "second"))
+    rows = [line.split() for line in lines[2:10]]
+    assert [r[0] for r in rows] == [
+        "generation",
+        "trainer",
+        "init",
+        "evaluation",
+        "checkpoint",
+        "sync",
+        "other",
+        "job",
+    ]
+    for phase, a, b, diff in rows:
+        assert (float(a), float(b)) == (round(first[phase], 2), round(second[phase], 2))
+        assert float(diff) == round(first[phase] - second[phase], 2)
+    saved = json.loads(result.read_text())
+    assert saved["runs"]["first"]["timings"] == first and saved["runs"]["second"]["timings"] == second
+    assert saved["params"]["model"] == "tiny-random" and saved["params"]["lr"] == "2e-05"  # the recipe under -p
+    imports = lines[lines.index("") + 1 :]
+    assert imports[0].split()[:2] == ["import", "grpo_knobs.cli"] and len(imports) == 11
+    assert all(m in saved["imports"]["first"] for m in ("grpo_knobs.cli", "grpo_knobs"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cold.json", "runs"]  # no log files
+    again = _bench("benchmarks.cold_start", "--out", str(out))
+    assert again.returncode == 1 and again.stderr.strip() == f"{out} already holds run first; give --out a new folder"
