@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tiny import run_args
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -345,20 +347,8 @@ def test_recipe_runs_an_arm_on_another_revision_cpu(tmp_path):
     from grpo_knobs.provenance import source_sha256
 
     other = _other_revision(tmp_path)
-    tiny = dict(
-        model="tiny-random",
-        device="cpu",
-        rollout_batch_size=2,
-        n_samples_per_prompt=2,
-        global_batch_size=4,
-        response_budget=8,
-        eval_every_responses=4,
-        eval_problems=2,
-        max_new_tokens=8,
-        resume_every_collections=0,
-    )
     args = ["--out", str(tmp_path / "runs"), "--json", str(tmp_path / "r.json")]
-    args += [a for k, v in tiny.items() for a in ("--base", f"{k}={v}")]
+    args += run_args("--base")
     proc = _bench("benchmarks.recipe", *args, "--arm", "here", "--arm", f"there:code={other},seed=2")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     here, there = json.loads((tmp_path / "r.json").read_text())
@@ -445,21 +435,9 @@ def test_batch_invariance_cpu(tmp_path):
 
 def test_cold_start_cpu(tmp_path):
     """Two identical tiny runs after prepare: the table's phase rows are the two runs' recorded seconds."""
-    tiny = dict(
-        model="tiny-random",
-        device="cpu",
-        rollout_batch_size=2,
-        n_samples_per_prompt=2,
-        global_batch_size=4,
-        response_budget=8,
-        eval_every_responses=4,
-        eval_problems=2,
-        max_new_tokens=8,
-        resume_every_collections=0,
-    )
     out, result = tmp_path / "runs", tmp_path / "cold.json"
     args = ["--out", str(out), "--prepare", "--json", str(result)]
-    proc = _bench("benchmarks.cold_start", *args, *(a for k, v in tiny.items() for a in ("-p", f"{k}={v}")))
+    proc = _bench("benchmarks.cold_start", *args, *run_args())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("grpo-knobs prepare: nothing to compile on CPU")

@@ -12,6 +12,7 @@ from grpo_knobs.cli import main
 from grpo_knobs.config import RunConfig
 from grpo_knobs.evaluation import encode_prompts
 from grpo_knobs.prepare import run_modules, warm_up, warm_up_configs, warm_up_widths
+from tiny import run_args
 
 ROOT = Path(__file__).resolve().parents[1]
 # What Triton and Inductor themselves resolve their cache folders to, after an entry point was imported.
@@ -217,20 +218,7 @@ def test_prepare_imports_what_a_train_run_imports(tmp_path):
     # the train command's own, and what Trainer.setup and the evaluation import only when called
     assert {"grpo_knobs.trainer", "grpo_knobs.models", "grpo_knobs.rollout.hf", "grpo_knobs.records"} <= set(modules)
     assert not {"grpo_knobs.study", "grpo_knobs.analysis", "grpo_knobs.plots"} & set(modules)  # not on a run's path
-    tiny = dict(
-        model="tiny-random",
-        device="cpu",
-        rollout_batch_size=2,
-        n_samples_per_prompt=2,
-        global_batch_size=4,
-        response_budget=8,
-        eval_every_responses=4,
-        eval_problems=2,
-        max_new_tokens=8,
-        resume_every_collections=1,  # the resume state's writers too
-        output_dir=str(tmp_path / "runs"),
-    )
-    args = [a for k, v in tiny.items() for a in ("-p", f"{k}={v}")]
+    args = run_args(resume_every_collections=1, output_dir=tmp_path / "runs")  # the resume state's writers too
     env = _env(tmp_path, OMP_NUM_THREADS="1")
     proc = subprocess.run(
         [sys.executable, "-c", RUN_AFTER_PREPARE, *args], env=env, capture_output=True, text=True, timeout=600
