@@ -88,13 +88,18 @@ def measure(settings: dict) -> dict:
     }
 
 
-def run_arm(name: str, code: Code, settings: dict, out: Path) -> dict:
-    """Measure one arm in a process of its own; its output goes to a log beside ``out``."""
+def run_arm(name: str, code: Code, settings: dict, out: Path, logs: Path | None = None) -> dict:
+    """Measure one arm in a process of its own; its output goes to ``logs/NAME.log`` when asked for, and
+    its last lines to stderr when it fails."""
     result = out.with_name(f"{out.stem}-{name}.result.json")
     result.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "benchmarks.decode_widths", "--measure", json.dumps(settings), str(result)]
-    with open(out.with_name(f"{out.stem}-{name}.log"), "w") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=code.env())
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=code.env())
+    output = proc.stdout + proc.stderr
+    if logs:
+        (logs / f"{name}.log").write_text(output)
+    if proc.returncode != 0:
+        print("\n".join(output.splitlines()[-20:]), file=sys.stderr)
     arm = {"arm": name, "code": code.label, "lib": str(code.lib or ""), "commit": code.commit}
     arm["returncode"] = proc.returncode
     if proc.returncode == 0:
@@ -103,7 +108,7 @@ def run_arm(name: str, code: Code, settings: dict, out: Path) -> dict:
         arm["ran"] = Path(arm["grpo_knobs"]) == code.package_dir().resolve()
     print(
         f"{name} ({code.label}): exit {proc.returncode}"
-        + (f", decode path {arm['path']}" if "path" in arm else f"; see {log.name}")
+        + (f", decode path {arm['path']}" if "path" in arm else "; its output's last lines are above")
         + ("; it imported another grpo_knobs: PYTHONPATH?" if arm.get("ran") is False else "")
     )
     return arm
@@ -152,7 +157,8 @@ def table(arms: list[dict], settings: dict) -> tuple[str, list[dict]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, required=True, help="JSON file of the rows (logs and revisions beside it).")
+    p.add_argument("--out", type=Path, required=True, help="JSON file of the rows (exported revisions beside it).")
+    p.add_argument("--logs", type=Path, default=None, help="Folder for each arm's output, NAME.log (default: none).")
     p.add_argument(
         "--arm", action="append", default=[], metavar="NAME[:code=DIR|rev=GITREV]", help="Default: this checkout."
     )
@@ -177,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         "device": device,
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
+    if a.logs:
+        a.logs.mkdir(parents=True, exist_ok=True)
     specs = [parse_arm(x) for x in a.arm or ["here"]]
     for name, rest in specs:
         if set(rest) - {"code", "rev"}:
@@ -184,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     codes = [code_for_arm(name, rest, a.out.parent) for name, rest in specs]  # every arm checked first
     arms = []
     for (name, _), code in zip(specs, codes):
-        arms.append(run_arm(name, code, settings, a.out))
+        arms.append(run_arm(name, code, settings, a.out, a.logs))
         text, flat = table(arms, settings)
         a.out.write_text(json.dumps(flat, indent=2) + "\n")  # after every arm: a run cut short keeps its rows
     print(text)

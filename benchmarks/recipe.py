@@ -53,19 +53,16 @@ def run_arm(name: str, overrides: dict[str, str], out: Path, base: dict, code: C
     from grpo_knobs.provenance import source_sha256
 
     params = {k: str(v) for k, v in base.items()} | overrides | {"output_dir": str(out), "run_id": name}
-    cmd = [sys.executable, "-m", "grpo_knobs.cli", "train", "--no-progress"]
-    cmd += [a for k, v in params.items() for a in ("-p", f"{k}={v}")]
     start = time.perf_counter()
     with open(out / f"{name}.log", "w") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=code.env())
+        proc = subprocess.run(train_command(params), stdout=log, stderr=subprocess.STDOUT, env=code.env())
     wall = time.perf_counter() - start
     run = out / name
     row = {"arm": name, "overrides": overrides, "returncode": proc.returncode, "process_seconds": wall}
     row["code"] = {"label": code.label, "lib": str(code.lib or ""), "commit": code.commit}
     row["code"]["source_sha256"] = source_sha256(code.package_dir())
     if proc.returncode == 0:
-        row["timings"] = json.loads((run / "timings.json").read_text())
-        row["learning"] = learning(run)
+        row |= run_record(run)
         recorded = json.loads((run / "config.json").read_text()).get("source_sha256")
         # None: a revision that records no source hash
         row["code"]["ran"] = None if recorded is None else recorded == row["code"]["source_sha256"]
@@ -75,6 +72,17 @@ def run_arm(name: str, overrides: dict[str, str], out: Path, base: dict, code: C
         + ("; its recorded source hash is not that code's: PYTHONPATH?" if row["code"].get("ran") is False else "")
     )
     return row
+
+
+def train_command(params: dict[str, str]) -> list[str]:
+    """``grpo-knobs train`` in a fresh process, as a study runs it, with run parameters ``params``."""
+    cmd = [sys.executable, "-m", "grpo_knobs.cli", "train", "--no-progress"]
+    return cmd + [a for k, v in params.items() for a in ("-p", f"{k}={v}")]
+
+
+def run_record(run: Path) -> dict:
+    """What a finished run recorded: its phase seconds (``timings``, keys ``PHASES`` among them) and learning."""
+    return {"timings": json.loads((run / "timings.json").read_text()), "learning": learning(run)}
 
 
 def learning(run: Path) -> dict:

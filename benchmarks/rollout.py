@@ -7,7 +7,7 @@ KV cache once, so bandwidth / bytes-per-step bounds the step rate; the fast path
 bound says how much is left to gain. Prints a table and writes the rows as JSON.
 
     python -m benchmarks.rollout --batches 64,128,256,512,1024 --new-tokens 256 \
-        --out benchmarks/results/rollout-h200.json
+        --out lib/grpo_knobs/datasets/rollout-benchmarks/rollout-h200.json
 """
 
 from __future__ import annotations

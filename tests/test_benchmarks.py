@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tiny import run_args
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -353,20 +355,8 @@ def test_recipe_runs_an_arm_on_another_revision_cpu(tmp_path):
     from grpo_knobs.provenance import source_sha256
 
     other = _other_revision(tmp_path)
-    tiny = dict(
-        model="tiny-random",
-        device="cpu",
-        rollout_batch_size=2,
-        n_samples_per_prompt=2,
-        global_batch_size=4,
-        response_budget=8,
-        eval_every_responses=4,
-        eval_problems=2,
-        max_new_tokens=8,
-        resume_every_collections=0,
-    )
     args = ["--out", str(tmp_path / "runs"), "--json", str(tmp_path / "r.json")]
-    args += [a for k, v in tiny.items() for a in ("--base", f"{k}={v}")]
+    args += run_args("--base")
     proc = _bench("benchmarks.recipe", *args, "--arm", "here", "--arm", f"there:code={other},seed=2")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     here, there = json.loads((tmp_path / "r.json").read_text())
@@ -391,9 +381,11 @@ def test_decode_widths_side_by_side_cpu(tmp_path):
     proc = _bench(
         "benchmarks.decode_widths",
         *("--out", str(out), "--model", "tiny-random", "--widths", "2,4", "--new-tokens", "4", "--repeats", "1"),
-        *("--device", "cpu", "--arm", f"before:code={other}", "--arm", "after"),
+        *("--device", "cpu", "--arm", f"before:code={other}", "--arm", "after", "--logs", str(tmp_path / "logs")),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["widths.json"]  # nothing else beside the JSON
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["after.log", "before.log"]
     rows = json.loads(out.read_text())
     assert [(r["arm"], r["width"], r["mode"]) for r in rows] == [
         (arm, w, mode) for arm in ("before", "after") for w in (2, 4) for mode in ("greedy", "sampled")
@@ -447,3 +439,38 @@ def test_batch_invariance_cpu(tmp_path):
         assert r["contexts"]["alone"]["max_logprob_gap"] == 0.0  # its own reference
         for c in r["contexts"].values():
             assert c["identical"] and c["max_logprob_gap"] < 1e-4
+
+
+def test_cold_start_cpu(tmp_path):
+    """Two identical tiny runs after prepare: the table's phase rows are the two runs' recorded seconds."""
+    out, result = tmp_path / "runs", tmp_path / "cold.json"
+    args = ["--out", str(out), "--prepare", "--json", str(result)]
+    proc = _bench("benchmarks.cold_start", *args, *run_args())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("grpo-knobs prepare: nothing to compile on CPU")
+    assert lines[1].split() == ["phase", "(s)", "first", "second", "first-second"]
+    first, second = (json.loads((out / name / "timings.json").read_text()) for name in ("first", "second"))
+    rows = [line.split() for line in lines[2:10]]
+    assert [r[0] for r in rows] == [
+        "generation",
+        "trainer",
+        "init",
+        "evaluation",
+        "checkpoint",
+        "sync",
+        "other",
+        "job",
+    ]
+    for phase, a, b, diff in rows:
+        assert (float(a), float(b)) == (round(first[phase], 2), round(second[phase], 2))
+        assert float(diff) == round(first[phase] - second[phase], 2)
+    saved = json.loads(result.read_text())
+    assert saved["runs"]["first"]["timings"] == first and saved["runs"]["second"]["timings"] == second
+    assert saved["params"]["model"] == "tiny-random" and saved["params"]["lr"] == "2e-05"  # the recipe under -p
+    imports = lines[lines.index("") + 1 :]
+    assert imports[0].split()[:2] == ["import", "grpo_knobs.cli"] and len(imports) == 11
+    assert all(m in saved["imports"]["first"] for m in ("grpo_knobs.cli", "grpo_knobs"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cold.json", "runs"]  # no log files
+    again = _bench("benchmarks.cold_start", "--out", str(out))
+    assert again.returncode == 1 and again.stderr.strip() == f"{out} already holds run first; give --out a new folder"

@@ -74,9 +74,12 @@ def test_an_installed_package_reads_its_own_files_from_any_directory(installed, 
     probe = (
         "import grpo_knobs, json\n"
         "from grpo_knobs import data, locations, provenance\n"
+        "from grpo_knobs.analysis import load_rollout_benchmark\n"
         "print(json.dumps({'package': grpo_knobs.__file__, 'checkout': str(locations.checkout_root()),\n"
         "    'commit': provenance.git_commit(), 'test_rows': len(data.load_split('gsm8k', 'test')),\n"
-        "    'reference': locations.REFERENCE_CSV.is_file()}))\n"
+        "    'reference': locations.REFERENCE_CSV.is_file(),\n"
+        "    'rollout': sorted(load_rollout_benchmark(locations.ROLLOUT_BENCHMARKS / 'rollout-*.json').gpu.unique()),"
+        "    'rollout_in': str(locations.ROLLOUT_BENCHMARKS)}))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(installed)}
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
@@ -85,6 +88,8 @@ def test_an_installed_package_reads_its_own_files_from_any_directory(installed, 
     assert Path(found["package"]).is_relative_to(installed)
     # no checkout, so no git commit of some enclosing repository; the shipped GSM8K passes its manifest's hash
     assert found == found | {"checkout": "None", "commit": None, "test_rows": 1319, "reference": True}
+    # the critical-batch notebook's throughput panel reads the shipped rollout benchmark
+    assert found["rollout"] == ["h200"] and Path(found["rollout_in"]).is_relative_to(installed)
 
     plan = _cli("plan", "smoke", "--json", cwd=tmp_path, pythonpath=installed)
     assert plan.returncode == 0, plan.stderr

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 from grpo_knobs.caches import COMPILE_CACHES, use_compile_caches
+from grpo_knobs.cli import main
 from grpo_knobs.config import RunConfig
 from grpo_knobs.evaluation import encode_prompts
-from grpo_knobs.prepare import warm_up
+from grpo_knobs.prepare import run_modules, warm_up, warm_up_configs, warm_up_widths
+from tiny import run_args
 
 ROOT = Path(__file__).resolve().parents[1]
 # What Triton and Inductor themselves resolve their cache folders to, after an entry point was imported.
@@ -164,3 +166,62 @@ def test_warm_up_runs_a_run_piece_through_the_public_entry_points(tmp_path):
         "  one collection (4 responses), updates, weight sync",
     ]
     assert not (tmp_path / "never-written").exists()
+
+
+def test_prepare_warms_both_trainer_modes_unless_the_run_pins_one(tmp_path, capsys):
+    both = warm_up_configs({"model": "tiny-random", "max_new_tokens": "8"})
+    assert [(c.deterministic, c.model, c.max_new_tokens) for c in both] == [
+        (False, "tiny-random", 8),
+        (True, "tiny-random", 8),
+    ]
+    assert [c.deterministic for c in warm_up_configs({"deterministic": "true"})] == [True]
+    assert [c.deterministic for c in warm_up_configs({"deterministic": False})] == [False]
+    # the arguments train takes: a --config file, -p over it, and prepare's own MODEL and --max-new-tokens
+    config = tmp_path / "run.yaml"
+    config.write_text("deterministic: true\nmax_new_tokens: 16\n")
+    args = ["prepare", "tiny-random", "--config", str(config), "-p", "device=cpu"]
+    assert main(args) == 0 and "nothing to compile on CPU" in capsys.readouterr().out
+    assert main([*args, "--max-new-tokens", "8"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "grpo-knobs prepare: error: max_new_tokens is given twice (16 and 8); give it once."
+    )
+    assert main([*args, "-p", "deterministic=maybe"]) == 2 and "deterministic" in capsys.readouterr().err
+
+
+def test_warm_up_widths_are_a_runs_first_evaluation_and_collection_widths():
+    cfg = RunConfig(rollout_batch_size=64, n_samples_per_prompt=8, global_batch_size=256, temperature=0.7)
+    assert warm_up_widths(cfg, validation_problems=50) == {0.0: 50, 0.7: 512}
+    narrow = RunConfig(
+        rollout_batch_size=64, n_samples_per_prompt=8, global_batch_size=256, max_concurrent_sequences=128
+    )
+    assert warm_up_widths(narrow, validation_problems=500) == {0.0: 128, 1.0: 128}
+
+
+# What prepare does on a GPU (each trainer mode's warm-up, then the run's imports), then a run in the
+# same process: the modules it imports that prepare did not.
+RUN_AFTER_PREPARE = """
+import sys
+from grpo_knobs.cli import _prepare_values, build_parser, main
+from grpo_knobs.prepare import import_run_modules, warm_up, warm_up_configs
+for cfg in warm_up_configs(_prepare_values(build_parser().parse_args(["prepare", *sys.argv[1:]]))):
+    warm_up(cfg, lambda line: None)
+import_run_modules()
+before = set(sys.modules)
+assert main(["train", "--no-progress", *sys.argv[1:]]) == 0
+print(" ".join(sorted(set(sys.modules) - before)))
+"""
+
+
+def test_prepare_imports_what_a_train_run_imports(tmp_path):
+    """Bytecode is written on import: what prepare imported, the first run finds compiled."""
+    modules = run_modules()
+    # the train command's own, and what Trainer.setup and the evaluation import only when called
+    assert {"grpo_knobs.trainer", "grpo_knobs.models", "grpo_knobs.rollout.hf", "grpo_knobs.records"} <= set(modules)
+    assert not {"grpo_knobs.study", "grpo_knobs.analysis", "grpo_knobs.plots"} & set(modules)  # not on a run's path
+    args = run_args(resume_every_collections=1, output_dir=tmp_path / "runs")  # the resume state's writers too
+    env = _env(tmp_path, OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN_AFTER_PREPARE, *args], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-1].split() == []  # the run imported nothing prepare had not

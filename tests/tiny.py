@@ -1,4 +1,4 @@
-"""A tiny llama and random sequences, shared by the loss and packing tests."""
+"""A tiny llama and random sequences, shared by the loss and packing tests; a tiny CPU run's parameters."""
 
 from __future__ import annotations
 
@@ -37,3 +37,23 @@ def random_sequences(n: int = 7, seed: int = 1, vocab: int = 50) -> list[Sequenc
             )
         )
     return out
+
+
+# A whole `grpo-knobs train` of the tiny model on CPU in seconds: two collections of 4, two evaluations.
+TINY_RUN = dict(
+    model="tiny-random",
+    device="cpu",
+    rollout_batch_size=2,
+    n_samples_per_prompt=2,
+    global_batch_size=4,
+    response_budget=8,
+    eval_every_responses=4,
+    eval_problems=2,
+    max_new_tokens=8,
+    resume_every_collections=0,
+)
+
+
+def run_args(flag: str = "-p", **changes) -> list[str]:
+    """``TINY_RUN`` with ``changes`` as command-line arguments: ``flag KEY=VALUE`` each."""
+    return [a for k, v in (TINY_RUN | changes).items() for a in (flag, f"{k}={v}")]

@@ -55,22 +55,36 @@ def _cmd_fetch_model(a: argparse.Namespace) -> int:
 
 
 def _cmd_prepare(a: argparse.Namespace) -> int:
-    from .config import parse_overrides
     from .prepare import prepare
 
-    overrides = parse_overrides(a.param or []) | ({"model": a.model} if a.model else {})
-    done = prepare(overrides, a.max_new_tokens)
+    done = prepare(_prepare_values(a))
     if done is None:
         print("grpo-knobs prepare: nothing to compile on CPU (runs there use no compiled kernels)")
         return 0
-    print(
-        f"prepared {done['model']} on {done['gpu']} in {done['seconds']:.1f} s: decode path {done['rollout_path']}, "
-        f"trainer path {done['trainer_path']}, attended caches up to {done['longest_prompt']} prompt + "
-        f"{done['decode_steps'] - done['longest_prompt'] + 1} response tokens"
-    )
+    print(f"prepared on {done['gpu']} in {done['seconds']:.1f} s; bytecode of {done['modules']} run modules written")
+    for run in done["runs"]:
+        print(
+            f"  {run['model']}, deterministic={str(run['deterministic']).lower()}: decode path "
+            f"{run['rollout_path']}, trainer path {run['trainer_path']}, attended caches up to "
+            f"{run['longest_prompt']} prompt + {run['decode_steps'] - run['longest_prompt'] + 1} response tokens"
+        )
     for name, (folder, added) in done["caches"].items():
         print(f"  {name}: {folder} (+{added} files)" if folder else f"  {name}: unset, its own default (not counted)")
     return 0
+
+
+def _prepare_values(a: argparse.Namespace) -> dict:
+    """The run parameters prepare warms, from the arguments train takes (--config, -p) and its own."""
+    from .config import parse_overrides, read_run_values
+
+    values = (read_run_values(a.config) if a.config else {}) | parse_overrides(a.param or [])
+    for key, given in (("model", a.model), ("max_new_tokens", a.max_new_tokens)):
+        if given is None:
+            continue
+        if key in values and str(values[key]) != str(given):
+            raise ValueError(f"{key} is given twice ({values[key]} and {given}); give it once.")
+        values[key] = given
+    return values
 
 
 def _cmd_data(a: argparse.Namespace) -> int:
@@ -265,10 +279,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pr.add_argument("model", nargs="?", help="Registry name, hub id or local path (default: RunConfig's).")
     pr.add_argument(
-        "--max-new-tokens", type=int, default=256, help="Cover attended caches up to this response length."
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="Cover attended caches up to this response length (as -p max_new_tokens=N; default RunConfig's).",
     )
+    pr.add_argument("--config", help="YAML file of run parameters, as for train.")
     pr.add_argument(
-        "-p", "--param", action="append", metavar="KEY=VALUE", help="A run parameter, as for train (repeatable)."
+        "-p",
+        "--param",
+        action="append",
+        metavar="KEY=VALUE",
+        help="A run parameter, as for train (repeatable). Both trainer modes are warmed unless deterministic is set.",
     )
     pr.set_defaults(func=_cmd_prepare)
 
@@ -428,9 +450,36 @@ def main(argv: list[str] | None = None) -> int:
     import warnings
 
     args = build_parser().parse_args(argv)
-    with warnings.catch_warnings():
-        warnings.showwarning = _note_printer(args.command, warnings.showwarning)
-        return _run(args, debug=args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"))
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = _note_printer(args.command, warnings.showwarning)
+            code = _run(args, debug=args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"))
+        sys.stdout.flush()  # output still buffered meets a closed pipe here
+        return code
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _reader_gone() -> bool:
+    """Whether stdout is a pipe nobody reads any more (poll says so with POLLERR)."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # not a file (captured, or closed): no pipe of ours
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``grpo-knobs compare-runs A B | head -1``): end quietly, with the
+    shell's exit status for a process ended by SIGPIPE. stdout goes to devnull so that the interpreter's
+    last flush at exit does not fail again (the recipe in Python's signal module docs)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 128 + 13  # SIGPIPE
 
 
 def _run(args: argparse.Namespace, debug: bool) -> int:
@@ -444,6 +493,8 @@ def _run(args: argparse.Namespace, debug: bool) -> int:
         print(f"grpo-knobs {args.command}: interrupted" + (f"; to continue: {hint}" if hint else ""), file=sys.stderr)
         return 130
     except (ValueError, OSError, RuntimeError, ImportError) as exc:
+        if isinstance(exc, BrokenPipeError) and _reader_gone():
+            raise  # stdout's reader left: main ends quietly; another pipe's is a failure, reported below
         if debug:
             traceback.print_exc()
         print(f"grpo-knobs {args.command}: error: {_one_line(exc)}", file=sys.stderr)

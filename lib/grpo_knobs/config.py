@@ -379,17 +379,21 @@ class RunConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> "RunConfig":
-        import yaml
+        return cls.from_dict(read_run_values(path) | (overrides or {}))
 
-        try:
-            with open(path) as f:
-                values = yaml.safe_load(f) or {}
-        except yaml.YAMLError as error:
-            raise ValueError(yaml_error(path, error)) from None
-        if not isinstance(values, dict):
-            raise ValueError(f"{path}: expected a mapping of run parameters, got {type(values).__name__}.")
-        values.update(overrides or {})
-        return cls.from_dict(values)
+
+def read_run_values(path: str | Path) -> dict[str, Any]:
+    """The run parameters a YAML file sets (``--config``), unparsed; refuses a file that is not a mapping."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            values = yaml.safe_load(f) or {}
+    except yaml.YAMLError as error:
+        raise ValueError(yaml_error(path, error)) from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a mapping of run parameters, got {type(values).__name__}.")
+    return values
 
 
 # The parameters cell of grpo_knobs/notebooks/10_train.ipynb: comment lines that open each group of fields.

@@ -2,7 +2,7 @@
 
 The package carries everything it reads besides code: the study presets (``studies/``), the
 notebooks (``notebooks/``), the data manifests (``data_manifests/``) and the shipped data
-(``datasets/``: GSM8K and the published study's endpoints). They are found through
+(``datasets/``: GSM8K, the published study's endpoints and rollout benchmarks). They are found through
 :mod:`importlib.resources`, so a checkout (``PYTHONPATH=lib`` or an editable install) and an
 installed wheel read the same files from the same place.
 
@@ -35,6 +35,8 @@ MANIFESTS = shipped("data_manifests")
 DATASETS = shipped("datasets")
 # The published study's endpoints (Table 2 and the screening figures' values; see its SOURCE.md).
 REFERENCE_CSV = DATASETS / "reference" / "study_endpoints.csv"
+# Rollout throughput by batch size measured on a GPU (benchmarks/rollout.py; see its SOURCE.md).
+ROLLOUT_BENCHMARKS = DATASETS / "rollout-benchmarks"
 
 
 def package_relative(path: Path) -> str:
