@@ -65,6 +65,7 @@ def main(argv=None) -> list[dict]:
     )
     ap.add_argument("--widths", default="", help="also time one layer's launches by route at these row counts")
     ap.add_argument("--layer-kv-len", type=int, default=192, help="attended cache length for --widths")
+    ap.add_argument("--tile-sweep", action="store_true", help="with --widths, also sweep the own GEMMs' tiles")
     ap.add_argument("--reps", type=int, default=30, help="launches per graph (a model's layer count is typical)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -176,7 +177,9 @@ def main(argv=None) -> list[dict]:
             flush=True,
         )
     if args.widths:
-        rows += layer_routes(model, [int(w) for w in args.widths.split(",")], args.layer_kv_len, time_us, base)
+        rows += layer_routes(
+            model, [int(w) for w in args.widths.split(",")], args.layer_kv_len, time_us, base, args.tile_sweep
+        )
     print("floor: bytes read and written once at the bandwidth; GEMMs are compared with peak FLOP/s instead.")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -193,10 +196,11 @@ TILE_SWEEP = [  # launch shapes tried for kernels.py's GEMMs (BM is also capped 
 ]
 
 
-def layer_routes(model, widths: list[int], kv_len: int, time_us, base: dict) -> list[dict]:
-    """One decode layer's launches by route, at each width: cuBLAS GEMMs between norm and activation
-    kernels (8 launches) against kernels.py's GEMMs with the norm, activation and residual inside
-    (5 launches), and attention whole against split; then each own GEMM over TILE_SWEEP."""
+def layer_routes(model, widths: list[int], kv_len: int, time_us, base: dict, tile_sweep: bool) -> list[dict]:
+    """One decode layer's launches by route, at each width, as the decoder runs them: cuBLAS GEMMs between
+    norm and activation kernels with attention whole (8 launches), against kernels.py's GEMMs with the
+    norms and residual add inside and attention split (6 launches); attention whole and split alone; each
+    own GEMM against cuBLAS's alone, and with ``tile_sweep`` over TILE_SWEEP."""
     c, dev = model.config, model.device
     dtype = model.get_input_embeddings().weight.dtype
     H, I = c.hidden_size, c.intermediate_size  # noqa: E741 - the paper's names
@@ -208,12 +212,12 @@ def layer_routes(model, widths: list[int], kv_len: int, time_us, base: dict) -> 
     cos, sin, scale = t(kv_len, D), t(kv_len, D), D**-0.5
     rows, linear = [], torch.nn.functional.linear
     print(f"\none layer at {kv_len} cached slots, us per layer (x{c.num_hidden_layers} layers per step):")
-    print(f"{'width':>6} {'cublas 8':>9} {'own 5':>9} {'own/cublas':>10} {'attn whole':>11} {'attn split':>11}")
+    print(f"{'width':>6} {'cublas 8':>9} {'own 6':>9} {'own/cublas':>10} {'attn whole':>11} {'attn split':>11}")
     for B in widths:
         x, h, qkv, o, gu, act = t(B, H), t(B, H), t(B, wqkv.shape[0]), t(B, n_q * D), t(B, 2 * I), t(B, I)
         kv, valid = t(2, B, n_kv, kv_len, D), torch.ones(B, kv_len, dtype=torch.bool, device=dev)
         pos0, step = torch.zeros(B, dtype=torch.long, device=dev), torch.zeros(1, dtype=torch.long, device=dev)
-        slot0, counts = torch.tensor([kv_len - 1], device=dev), torch.zeros(B * n_kv, dtype=torch.int32, device=dev)
+        slot0, counts = torch.tensor([kv_len - 1], device=dev), torch.zeros(1 << 16, dtype=torch.int32, device=dev)
 
         def attend(split):
             K.rotary_attention(
@@ -228,12 +232,12 @@ def layer_routes(model, widths: list[int], kv_len: int, time_us, base: dict) -> 
             K.add_rms_norm(x, linear(act, wd), gamma, 1e-5, h)
             return q
 
-        def own(split=None):
-            K.norm_linear(x, gamma, 1e-5, wqkv, None, qkv)
-            attend(split)
-            K.linear_add(o, wo, x)
-            K.norm_linear(x, gamma, 1e-5, wgu, None, gu)
-            K.linear_add(gu, wd, x, gated=True)
+        def own():
+            K.norm_linear(x, gamma, 1e-5, wqkv, None, qkv, counts)
+            attend(None)
+            K.linear_add(o, wo, x, counts=counts)
+            K.norm_linear(x, gamma, 1e-5, wgu, None, gu, counts)
+            x.addmm_(K.silu_mul(gu, act), wd.t())
 
         r = {"width": B, "kv_len": kv_len}
         r |= {"cublas_us": time_us(cublas), "own_us": time_us(own)}
@@ -247,26 +251,29 @@ def layer_routes(model, widths: list[int], kv_len: int, time_us, base: dict) -> 
             flush=True,
         )
         gemms = {
-            "qkv (norm)": (lambda **k: K.norm_linear(x, gamma, 1e-5, wqkv, None, qkv, **k), lambda: linear(h, wqkv)),
-            "o (+x)": (lambda **k: K.linear_add(o, wo, x, **k), lambda: x.add_(linear(o, wo))),
-            "gate_up (norm)": (lambda **k: K.norm_linear(x, gamma, 1e-5, wgu, None, gu, **k), lambda: linear(h, wgu)),
-            "down (silu, +x)": (lambda **k: K.linear_add(gu, wd, x, gated=True, **k), lambda: linear(act, wd)),
+            "qkv (norm)": (
+                lambda **k: K.norm_linear(x, gamma, 1e-5, wqkv, None, qkv, counts, **k),
+                lambda: linear(h, wqkv),
+            ),
+            "o (+x)": (lambda **k: K.linear_add(o, wo, x, counts=counts, **k), lambda: x.add_(linear(o, wo))),
+            "gate_up (norm)": (
+                lambda **k: K.norm_linear(x, gamma, 1e-5, wgu, None, gu, counts, **k),
+                lambda: linear(h, wgu),
+            ),
+            "down (+x)": (lambda **k: K.linear_add(act, wd, x, counts=counts, **k), lambda: x.addmm_(act, wd.t())),
         }
         for name, (mine, theirs) in gemms.items():
-            sweep = []
-            for tiles in TILE_SWEEP:
-                if tiles["BM"] > max(16, triton_next_pow2(B)):
-                    continue
-                sweep.append(tiles | {"us": time_us(lambda: mine(**tiles))})
-            sweep.sort(key=lambda e: e["us"])
-            r[f"gemm {name}"] = {"default_us": time_us(mine), "cublas_gemm_only_us": time_us(theirs), "sweep": sweep}
-            best = sweep[0]
-            print(
-                f"       {name:<16} default {r[f'gemm {name}']['default_us']:6.1f}  best {best['us']:6.1f} "
-                f"(BM {best['BM']} BN {best['BN']} BK {best['BK']} split {best['SPLIT_K']})  "
-                f"cuBLAS GEMM alone {r[f'gemm {name}']['cublas_gemm_only_us']:6.1f}",
-                flush=True,
-            )
+            entry = r[f"gemm {name}"] = {"default_us": time_us(mine), "cublas_us": time_us(theirs), "sweep": []}
+            for tiles in TILE_SWEEP if tile_sweep else []:
+                if tiles["BM"] <= max(16, triton_next_pow2(B)):
+                    entry["sweep"].append(tiles | {"us": time_us(lambda: mine(**tiles))})
+            entry["sweep"].sort(key=lambda e: e["us"])
+            line = f"       {name:<16} own {entry['default_us']:6.1f}  cuBLAS {entry['cublas_us']:6.1f}"
+            if entry["sweep"]:
+                best = entry["sweep"][0]
+                line += f"  best tiles {best['us']:6.1f} (BM {best['BM']} BN {best['BN']} BK {best['BK']}"
+                line += f" split {best['SPLIT_K']})"
+            print(line, flush=True)
         rows.append(base | {"kernel": "layer routes"} | r)
     return rows
 

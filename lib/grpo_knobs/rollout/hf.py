@@ -107,8 +107,8 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-# The widest decode step whose projections run as kernels.py's GEMMs (norm and activation inside them)
-# rather than cuBLAS's: narrower steps are bound by their launches, wider ones by the GEMMs themselves.
+# The widest decode step whose projections run as kernels.py's GEMMs (the norm and residual add inside
+# them) rather than cuBLAS's: narrower steps are bound by kernel latency, wider ones by the GEMMs' work.
 LINEAR_ROWS = 64
 
 
@@ -293,9 +293,10 @@ class StaticDecoder:
     def _forward_fused(self, B: int, kv_len: int):
         """One decode token for rows :B through the fused kernels (kernels.py); returns [B, H] after the final norm.
 
-        Up to ``linear_rows`` rows the projections are kernels.py's own GEMMs, which compute the norm or the
-        activation as they read their operand and add the residual as they write: five launches a layer.
-        Wider, cuBLAS's GEMMs between separate norm and activation kernels: eight launches, faster GEMMs.
+        Up to ``linear_rows`` rows the q|k|v, o and gate|up projections are kernels.py's own GEMMs, which
+        normalise their operand as they read it or add the residual as they write: six launches a layer
+        (down_proj stays cuBLAS's, adding into the stream). Wider, cuBLAS's GEMMs between separate norm and
+        activation kernels: eight launches, faster GEMMs (benchmarks/decode_kernels.py --widths).
         """
         from .kernels import (
             add_rms_norm,
@@ -343,7 +344,11 @@ class StaticDecoder:
                 linear_add(o, attn.o_proj.weight, x, bias=attn.o_proj.bias, counts=self.counts)
                 gate_up = x.new_empty(B, f.wgu[i].shape[0])  # [B, 2I]
                 norm_linear(x, f.norms[2 * i + 1], f.eps, f.wgu[i], None, gate_up, self.counts)
-                linear_add(gate_up, mlp.down_proj.weight, x, gated=True, bias=mlp.down_proj.bias, counts=self.counts)
+                act = silu_mul(gate_up, x.new_empty(B, gate_up.shape[1] // 2))  # [B, I]
+                if mlp.down_proj.bias is None:  # cuBLAS adds into the stream; at K = I it beats our GEMM
+                    x.addmm_(act, mlp.down_proj.weight.t())
+                else:
+                    x.add_(mlp.down_proj(act))
             else:
                 add_rms_norm(x, attn.o_proj(o), f.norms[2 * i + 1], f.eps, h)
                 gate_up = linear(h, f.wgu[i])  # [B, 2I]

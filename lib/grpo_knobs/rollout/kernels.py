@@ -1,17 +1,24 @@
 """Fused Triton kernels for one decode step of a llama-style layer (the static decoder's `fused` mode).
 
-A decode step of a small model is a few hundred tiny kernels; their count, not the bytes they move,
-sets its time, most of all in a collection's tail, where a few long responses keep the step going at
-a narrow width and every launch costs the same whatever the width. Per layer these kernels replace
-the norm, rotary, cache-write, attention and activation chains with four launches around four GEMMs:
+A decode step of a small model is a few hundred tiny kernels; their count and latency, not the bytes they
+move, set its time, most of all in a collection's tail, where a few long responses keep the step going at
+a narrow width. Per layer, at a wide step:
 
-    qkv GEMM -> rotary_attention (rotary, cache write, attention) -> o GEMM
-    -> add_rms_norm -> gate_up GEMM -> silu_mul -> down GEMM -> add_rms_norm
+    add_rms_norm -> qkv GEMM -> rotary_attention (rotary, cache write, attention) -> o GEMM
+    -> add_rms_norm -> gate_up GEMM -> silu_mul -> down GEMM
 
-The step opens with embed_rms_norm (the token's embedding row and the first norm) and closes with the
-lm_head GEMM and sample_and_record: one pass over the logits split across programs, then a combine
+and at a narrow one, where the own GEMMs below (norm_linear, linear_add) take the norms and residual
+adds inside them and attention is split over the cache:
+
+    norm_linear (qkv) -> rotary_attention -> linear_add (o) -> norm_linear (gate_up) -> silu_mul
+    -> down GEMM adding into the stream
+
+The step opens with the embedding lookup (inside the first norm or the first norm_linear) and closes with
+the lm_head GEMM and sample_and_record: one pass over the logits split across programs, then a combine
 that also keeps the decoder's books (pad for finished rows, the output column, the stop check).
-Rotary cos/sin come from a per-position table built once per cache.
+Rotary cos/sin come from a per-position table built once per cache. Split launches (attention over the
+cache, GEMMs over K) are combined by the last program to finish, in a fixed order, so results do not
+depend on scheduling.
 
 Every kernel reads its scalars (the step, the slot and position it implies) from device memory, so
 one CUDA graph replays it. Arithmetic is float32 inside a kernel; values are rounded to the storage
@@ -142,7 +149,7 @@ def _linear_kernel(
     K: tl.constexpr,
     K_PER: tl.constexpr,
     SPLIT_K: tl.constexpr,
-    A_MODE: tl.constexpr,
+    NORM: tl.constexpr,
     GATHER: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     RESIDUAL: tl.constexpr,
@@ -152,10 +159,9 @@ def _linear_kernel(
     PRECISION: tl.constexpr,
 ):
     # Program (m, n, s): output tile rows m*BM.., columns n*BN.. of A @ W^T over K_PER of the K columns
-    # from s * K_PER, where A is built on the fly: A_MODE 0 reads A; 1 is RMSNorm(A) * gamma (a first
-    # pass over the row sums its squares); 2 is silu(gate) * up for A = [gate | up]. Each rounds to the
-    # storage dtype where the modules do, so the product sees the operand a separate norm or activation
-    # kernel would have written. With SPLIT_K > 1 the last program of a tile to finish adds the splits.
+    # from s * K_PER. With NORM, A is RMSNorm(A) * gamma, built as it is read (a first pass over the row
+    # sums its squares) and rounded where the module rounds, so the product sees the operand a separate
+    # norm kernel would have written. With SPLIT_K > 1 the last program of a tile to finish adds the splits.
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -170,7 +176,7 @@ def _linear_kernel(
     else:
         src = rm
     a_rows = a_ptr + src.to(tl.int64)[:, None] * stride_a  # [BM, 1]
-    if A_MODE == 1:
+    if NORM:
         ss = tl.zeros([BM], tl.float32)
         for k0 in range(0, K, BK):
             ks = k0 + rk
@@ -187,16 +193,11 @@ def _linear_kernel(
         ks = pid_k * K_PER + k0 + rk
         k_ok = ks < K
         ok = m_ok[:, None] & k_ok[None, :]
-        if A_MODE == 1:
+        if NORM:
             xf = tl.load(a_rows + ks[None, :], mask=ok, other=0.0).to(x_ptr.dtype.element_ty).to(tl.float32)
             normed = (xf * inv[:, None]).to(dtype).to(tl.float32)
             gamma = tl.load(gamma_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
             a = (normed * gamma[None, :]).to(dtype)  # [BM, BK]
-        elif A_MODE == 2:
-            gate = tl.load(a_rows + ks[None, :], mask=ok, other=0.0).to(tl.float32)
-            up = tl.load(a_rows + K + ks[None, :], mask=ok, other=0.0).to(tl.float32)
-            act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-            a = (act * up).to(dtype)  # [BM, BK]
         else:
             a = tl.load(a_rows + ks[None, :], mask=ok, other=0.0).to(dtype)
         w = tl.load(w_ptr + rn[:, None] * K + ks[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)  # [BN, BK]
@@ -233,9 +234,9 @@ def _linear_store(acc, bias_ptr, out_ptr, rm, rn, m_ok, n_ok, stride_out, dtype,
 def _linear_tiles(M: int, N: int, K: int, device: torch.device) -> dict:
     """Launch shape of _linear_kernel. The decoder calls it at narrow widths, where a GEMM's time is the
     latency of its K loop, not its FLOPs: 16-row tiles and narrow column tiles give the most programs
-    (the best of a sweep at 16-64 rows on an H200, benchmarks/decode_kernels.py --widths), and a long K
-    is split while the tiles alone leave SMs idle."""
-    bn = 32 if N <= 1024 else 64
+    (the best of a sweep at 16-64 rows on an H200, benchmarks/decode_kernels.py --widths --tile-sweep),
+    and a long K is split while the tiles alone leave SMs idle."""
+    bn = 16 if M <= 32 and N <= 1024 else 32
     tiles = triton.cdiv(M, 16) * triton.cdiv(N, bn)
     split_k = 4 if K >= 1024 and tiles < _sm_count(device) else 1
     return {"BM": 16, "BN": bn, "BK": 64, "SPLIT_K": split_k, "num_warps": 4, "num_stages": 4}
@@ -246,7 +247,7 @@ def _linear(
     weight,
     out,
     *,
-    mode: int,
+    norm: bool,
     bias=None,
     gamma=None,
     eps=0.0,
@@ -288,7 +289,7 @@ def _linear(
         K=K,
         K_PER=k_per,
         SPLIT_K=split_k,
-        A_MODE=mode,
+        NORM=norm,
         GATHER=tokens is not None,
         HAS_BIAS=bias is not None,
         RESIDUAL=residual,
@@ -315,7 +316,7 @@ def norm_linear(
     output tile, left zero) keeps their tally in a buffer a CUDA graph holds. ``tiles`` overrides the launch
     shape (BM, BN, BK, SPLIT_K, num_warps, num_stages; benchmarks sweep it).
     """
-    return _linear(x, weight, out, mode=1, bias=bias, gamma=gamma, eps=eps, x=x, counts=counts, **tiles)
+    return _linear(x, weight, out, norm=True, bias=bias, gamma=gamma, eps=eps, x=x, counts=counts, **tiles)
 
 
 def embed_norm_linear(
@@ -336,7 +337,7 @@ def embed_norm_linear(
     """
     assert x.is_contiguous() and x.shape[1] == embedding.shape[1]
     return _linear(
-        embedding, weight, out, mode=1, bias=bias, gamma=gamma, eps=eps, tokens=tokens, x=x, counts=counts, **tiles
+        embedding, weight, out, norm=True, bias=bias, gamma=gamma, eps=eps, tokens=tokens, x=x, counts=counts, **tiles
     )
 
 
@@ -344,16 +345,14 @@ def linear_add(
     a: torch.Tensor,
     weight: torch.Tensor,
     x: torch.Tensor,
-    gated: bool = False,
     bias: torch.Tensor | None = None,
     counts: torch.Tensor | None = None,
     **tiles,
 ) -> torch.Tensor:
-    """x += a @ weight^T + bias in place (the residual add), or x += (silu(gate) * up) @ weight^T + bias for
-    a = [gate | up] when ``gated``: the activation computed as the operand is read. a: [B, K] or [B, 2K];
+    """x += a @ weight^T + bias in place: a projection and the residual add in one launch. a: [B, K];
     weight: [N, K] contiguous; bias: [N] or None; x: [B, N]; counts as for ``norm_linear``. The product is
     rounded to x's dtype before the add, as a module's output is."""
-    return _linear(a, weight, x, mode=2 if gated else 0, bias=bias, x=x, residual=True, counts=counts, **tiles)
+    return _linear(a, weight, x, norm=False, bias=bias, x=x, residual=True, counts=counts, **tiles)
 
 
 @triton.jit
