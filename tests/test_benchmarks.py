@@ -475,3 +475,23 @@ def test_cold_start_cpu(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cold.json", "runs"]  # no log files
     again = _bench("benchmarks.cold_start", "--out", str(out))
     assert again.returncode == 1 and again.stderr.strip() == f"{out} already holds run first; give --out a new folder"
+
+
+def test_collection_timeline_cpu(tmp_path):
+    """Whole collections split into prefill, decode steps by width and host work: the spans and the host
+    part add up to each collection's wall time, and every decode step after the prefill's token is counted."""
+    result = tmp_path / "timeline.json"
+    args = ["--model", "tiny-random", "--prompts", "2", "--group", "3", "--max-new-tokens", "12"]
+    proc = _bench(
+        "benchmarks.collection_timeline", *args, "--collections", "2", "--path", "fast", "--json", str(result)
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    collections = json.loads(result.read_text())["collections"]
+    assert len(collections) == 2  # the warm-up collection is not reported
+    for c in collections:
+        assert abs(sum(c["ms"].values()) + c["host_after_ms"] - c["wall_ms"]) < 0.1 * c["wall_ms"]
+        assert sum(c["steps"].values()) == c["response_length_max"] - 1  # the prefill emits the first token
+        assert set(c["steps"]) == {"step 6"} and c["ms"]["prefill"] > 0
+    lines = proc.stdout.splitlines()
+    assert lines[1].split() == ["span", "ms", "steps", "ms/step", "share"]
+    assert [line.split()[0] for line in lines[2:4]] == ["prefill", "step"]

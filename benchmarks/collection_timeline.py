@@ -1,0 +1,193 @@
+"""Where a collection's generation time goes: prefill, decode steps by live width, row compaction, and the
+host work after decoding, for collections as a run draws them.
+
+The batch-256 recipe's generation phase comes to about 2 ms per decode step (generation seconds over the
+steps its collections ran), while ``benchmarks.decode_widths`` gives 0.9-1.9 ms for the widths a
+collection passes through. This splits whole collections so that the difference has a name. CUDA events
+are recorded on the stream around each piece of ``StaticDecoder.run`` (no host syncs are added), so a
+span is GPU time including any gap in which the GPU waited for the host; the host work after decoding
+(token lists, log-probs, text) is wall time. On CPU every span is wall time.
+
+    python -m benchmarks.collection_timeline --task countdown-2x10 --prompts 64 --group 8 --collections 4 \
+        --json timeline.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from grpo_knobs.data import load_split
+from grpo_knobs.evaluation import encode_prompts
+from grpo_knobs.models import load_model
+from grpo_knobs.rollout.hf import HFEngine
+
+from benchmarks.rollout import gpu_slug
+
+PATHS = {"fused": "fused", "fast": True}
+
+
+class Timeline:
+    """Labelled marks in stream order; the time between two marks is charged to the later mark's label."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list[tuple[str, object]] = []
+
+    def mark(self, label: str) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append((label, event))
+        else:
+            self.marks.append((label, time.perf_counter()))
+
+    def spans(self) -> list[tuple[str, float]]:
+        """(label, milliseconds) for each interval between consecutive marks; the marks are then cleared."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        pairs = zip(self.marks, self.marks[1:])
+        spans = [(label, a.elapsed_time(b) if self.cuda else (b - a) * 1e3) for (_, a), (label, b) in pairs]
+        self.marks = []
+        return spans
+
+
+def instrument(decoder, timeline: Timeline) -> None:
+    """Wrap the decoder's run, step and compaction (on this instance only) with timeline marks."""
+    run, step, keep = decoder.run, decoder._step, decoder._keep_rows
+    state = {"steps": 0}
+
+    def timed_run(*args, **kwargs):
+        state["steps"] = 0
+        timeline.mark("start")
+        out = run(*args, **kwargs)
+        timeline.mark("after the steps")  # outputs gathered and copied to the host
+        return out
+
+    def timed_step(width, *args):
+        timeline.mark("prefill" if state["steps"] == 0 else "between steps")  # checks, Python between launches
+        state["steps"] += 1
+        step(width, *args)
+        timeline.mark(f"step {width}")
+
+    def timed_keep(*args):
+        timeline.mark("between steps")
+        out = keep(*args)
+        timeline.mark("compaction")
+        return out
+
+    decoder.run, decoder._step, decoder._keep_rows = timed_run, timed_step, timed_keep
+
+
+def one_collection(engine, timeline: Timeline, prompts, group: int, max_new_tokens: int, seed: int) -> dict:
+    """Generate one collection; returns its spans summed by label, the host work after decoding, and wall time."""
+    run = engine.decoder.run
+    decode = {}
+
+    def run_timed(*args, **kwargs):
+        start = time.perf_counter()
+        out = run(*args, **kwargs)
+        decode["seconds"] = time.perf_counter() - start  # run() ends copying to the host: the GPU is done
+        return out
+
+    engine.decoder.run = run_timed
+    try:
+        if timeline.cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        gen = engine.generate(prompts, n=group, max_new_tokens=max_new_tokens, temperature=1.0, seed=seed)
+        wall = time.perf_counter() - start
+    finally:
+        engine.decoder.run = run
+    ms, steps = defaultdict(float), defaultdict(int)
+    for label, span in timeline.spans():
+        ms[label] += span
+        steps[label] += label.startswith("step ")
+    lengths = [len(t) for t in gen.token_ids]
+    return {
+        "ms": dict(ms),
+        "steps": {k: v for k, v in steps.items() if v},
+        "host_after_ms": (wall - decode["seconds"]) * 1e3,
+        "wall_ms": wall * 1e3,
+        "responses": len(lengths),
+        "response_length_mean": sum(lengths) / len(lengths),
+        "response_length_max": max(lengths),
+        "truncated": sum(n >= max_new_tokens for n in lengths),
+    }
+
+
+def table(collections: list[dict]) -> str:
+    """Milliseconds per collection by span, averaged over the collections, with steps and ms per step."""
+    n = len(collections)
+    labels = sorted({k for c in collections for k in c["ms"]}, key=_order)
+    lines = [f"{'span':<18} {'ms':>9} {'steps':>7} {'ms/step':>8} {'share':>6}"]
+    wall = sum(c["wall_ms"] for c in collections) / n
+    for label in labels + ["host after decoding"]:
+        if label == "host after decoding":
+            ms, steps = sum(c["host_after_ms"] for c in collections) / n, 0
+        else:
+            ms = sum(c["ms"].get(label, 0.0) for c in collections) / n
+            steps = sum(c["steps"].get(label, 0) for c in collections) / n
+        per_step = f"{ms / steps:8.3f}" if steps else f"{'':>8}"
+        lines.append(f"{label:<18} {ms:9.1f} {steps:7.0f} {per_step} {ms / wall:6.1%}")
+    lines.append(f"{'wall':<18} {wall:9.1f}")
+    return "\n".join(lines)
+
+
+def _order(label: str) -> tuple:
+    if label.startswith("step "):
+        return (1, -int(label.split()[1]))
+    return ({"prefill": 0, "between steps": 2, "compaction": 3, "after the steps": 4}.get(label, 5), 0)
+
+
+def main(argv=None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--task", default="countdown-2x10")
+    ap.add_argument("--prompts", type=int, default=64, help="prompts per collection (P)")
+    ap.add_argument("--group", type=int, default=8, help="samples per prompt (G)")
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--collections", type=int, default=4, help="timed collections, after one untimed warm-up")
+    ap.add_argument("--path", choices=sorted(PATHS), default="fused", help="static decoder path")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    device = torch.device(args.device)
+    model, tokenizer, info = load_model(args.model, device=device)
+    batch = args.prompts * args.group
+    engine = HFEngine(
+        model, tokenizer, device=device, fast=PATHS[args.path], max_batch_size=batch, return_logprobs=True
+    )
+    timeline = Timeline(device)
+    instrument(engine.decoder, timeline)
+    problems = load_split(args.task, "train")
+    collections = []
+    for c in range(args.collections + 1):  # the first is a warm-up: kernels compiled, graphs captured
+        chosen = [problems[(c * args.prompts + i) % len(problems)] for i in range(args.prompts)]
+        prompts = encode_prompts(chosen, tokenizer)
+        result = one_collection(engine, timeline, prompts, args.group, args.max_new_tokens, seed=c)
+        if c:
+            collections.append(result)
+    print(
+        f"{info.name} on {gpu_slug(device)}, {args.path} path: {args.task}, {args.prompts} prompts x {args.group}, "
+        f"up to {args.max_new_tokens} tokens, T = 1; mean of {len(collections)} collections (mean length "
+        f"{sum(c['response_length_mean'] for c in collections) / len(collections):.0f}, "
+        f"{sum(c['truncated'] for c in collections) / len(collections):.0f} responses at the cap)"
+    )
+    print(table(collections))
+    print("spans are GPU time between stream marks (wall time on CPU); host after decoding is wall time.")
+    if args.json:
+        args.json.write_text(
+            json.dumps({"settings": vars(args) | {"json": str(args.json)}, "collections": collections})
+        )
+        print(f"wrote {args.json}")
+    return collections
+
+
+if __name__ == "__main__":
+    main()
