@@ -293,70 +293,64 @@ class StaticDecoder:
     def _forward_fused(self, B: int, kv_len: int):
         """One decode token for rows :B through the fused kernels (kernels.py); returns [B, H] after the final norm.
 
-        Up to ``linear_rows`` rows the q|k|v, o and gate|up projections are kernels.py's own GEMMs, which
-        normalise their operand as they read it or add the residual as they write: six launches a layer
-        (down_proj stays cuBLAS's, adding into the stream). Wider, cuBLAS's GEMMs between separate norm and
-        activation kernels: eight launches, faster GEMMs (benchmarks/decode_kernels.py --widths).
+        Up to ``linear_rows`` rows a layer is ``_own_layer``'s six launches, wider ``_cublas_layer``'s eight
+        (benchmarks/decode_kernels.py --widths times both at each width).
         """
-        from .kernels import (
-            add_rms_norm,
-            embed_norm_linear,
-            embed_rms_norm,
-            linear_add,
-            norm_linear,
-            rotary_attention,
-            silu_mul,
-        )
+        from .kernels import add_rms_norm, embed_rms_norm
 
-        f, E, linear = self.fused, self.weight, torch.nn.functional.linear
+        f, E = self.fused, self.weight
         x = E.new_empty(B, E.shape[1])  # [B, H] residual stream, updated in place
         h = torch.empty_like(x)  # [B, H] normalised input of the next block
         own = B <= self.linear_rows
         if not own:
             embed_rms_norm(self.tok, E, f.norms[0], f.eps, x, h)
         for i, layer in enumerate(self.layers):
-            attn, mlp = layer.self_attn, layer.mlp
-            if not own:
-                qkv = linear(h, f.wqkv[i], f.bqkv[i])  # [B, (Hq + 2 Hkv) * D]
-            else:
-                qkv = x.new_empty(B, f.wqkv[i].shape[0])  # [B, (Hq + 2 Hkv) * D]
-                if i == 0:  # the stream starts as the tokens' embedding rows, gathered as the projection reads them
-                    embed_norm_linear(self.tok, E, x, f.norms[0], f.eps, f.wqkv[0], f.bqkv[0], qkv, self.counts)
-                else:
-                    norm_linear(x, f.norms[2 * i], f.eps, f.wqkv[i], f.bqkv[i], qkv, self.counts)
-            o = x.new_empty(B, self.n_heads * self.head_dim)  # [B, Hq * D]
-            rotary_attention(
-                qkv,
-                self.cos,
-                self.sin,
-                self.pos0,
-                self.slot0,
-                self.step,
-                self.kv[i, 0],
-                self.kv[i, 1],
-                self.valid,
-                kv_len,
-                attn.scaling,
-                o,
-                counts=self.counts,
-            )
-            if own:
-                linear_add(o, attn.o_proj.weight, x, bias=attn.o_proj.bias, counts=self.counts)
-                gate_up = x.new_empty(B, f.wgu[i].shape[0])  # [B, 2I]
-                norm_linear(x, f.norms[2 * i + 1], f.eps, f.wgu[i], None, gate_up, self.counts)
-                act = silu_mul(gate_up, x.new_empty(B, gate_up.shape[1] // 2))  # [B, I]
-                if mlp.down_proj.bias is None:  # cuBLAS adds into the stream; at K = I it beats our GEMM
-                    x.addmm_(act, mlp.down_proj.weight.t())
-                else:
-                    x.add_(mlp.down_proj(act))
-            else:
-                add_rms_norm(x, attn.o_proj(o), f.norms[2 * i + 1], f.eps, h)
-                gate_up = linear(h, f.wgu[i])  # [B, 2I]
-                act = silu_mul(gate_up, x.new_empty(B, gate_up.shape[1] // 2))  # [B, I]
-                add_rms_norm(x, mlp.down_proj(act), f.norms[2 * i + 2], f.eps, h)
-        if own:
+            (self._own_layer if own else self._cublas_layer)(i, layer, x, h, kv_len)
+        if own:  # the own layers end adding into the stream, so the final norm runs alone
             add_rms_norm(x, None, f.norms[-1], f.eps, h)
         return h
+
+    def _attend(self, i: int, layer, qkv, kv_len: int):
+        """Layer i's rotary embedding, cache write and attention: qkv [B, (Hq + 2 Hkv) * D] -> [B, Hq * D]."""
+        from .kernels import rotary_attention
+
+        o = qkv.new_empty(qkv.shape[0], self.n_heads * self.head_dim)  # [B, Hq * D]
+        args = (self.cos, self.sin, self.pos0, self.slot0, self.step, self.kv[i, 0], self.kv[i, 1], self.valid)
+        return rotary_attention(qkv, *args, kv_len, layer.self_attn.scaling, o, counts=self.counts)
+
+    def _cublas_layer(self, i: int, layer, x, h, kv_len: int) -> None:
+        """Eight launches for a wide step: cuBLAS's GEMMs between the norm and activation kernels.
+        h [B, H] holds this layer's normalised input and is left holding the next one's."""
+        from .kernels import add_rms_norm, silu_mul
+
+        f, linear = self.fused, torch.nn.functional.linear
+        o = self._attend(i, layer, linear(h, f.wqkv[i], f.bqkv[i]), kv_len)  # [B, Hq * D]
+        add_rms_norm(x, layer.self_attn.o_proj(o), f.norms[2 * i + 1], f.eps, h)
+        gate_up = linear(h, f.wgu[i])  # [B, 2I]
+        act = silu_mul(gate_up, x.new_empty(x.shape[0], gate_up.shape[1] // 2))  # [B, I]
+        add_rms_norm(x, layer.mlp.down_proj(act), f.norms[2 * i + 2], f.eps, h)
+
+    def _own_layer(self, i: int, layer, x, h, kv_len: int) -> None:
+        """Six launches for a narrow step, where kernel latency rather than work sets the time: our GEMMs
+        normalise their operand as they read it (q|k|v, gate|up) or add into the stream as they write
+        (o_proj), and cuBLAS's down_proj adds into the stream (at K = I it beats ours). h is not used."""
+        from .kernels import embed_norm_linear, linear_add, norm_linear, silu_mul
+
+        f, attn, mlp, B = self.fused, layer.self_attn, layer.mlp, x.shape[0]
+        qkv = x.new_empty(B, f.wqkv[i].shape[0])  # [B, (Hq + 2 Hkv) * D]
+        if i == 0:  # the stream starts as the tokens' embedding rows, gathered as the projection reads them
+            embed_norm_linear(self.tok, self.weight, x, f.norms[0], f.eps, f.wqkv[0], f.bqkv[0], qkv, self.counts)
+        else:
+            norm_linear(x, f.norms[2 * i], f.eps, f.wqkv[i], f.bqkv[i], qkv, self.counts)
+        o = self._attend(i, layer, qkv, kv_len)  # [B, Hq * D]
+        linear_add(o, attn.o_proj.weight, x, bias=attn.o_proj.bias, counts=self.counts)
+        gate_up = x.new_empty(B, f.wgu[i].shape[0])  # [B, 2I]
+        norm_linear(x, f.norms[2 * i + 1], f.eps, f.wgu[i], None, gate_up, self.counts)
+        act = silu_mul(gate_up, x.new_empty(B, gate_up.shape[1] // 2))  # [B, I]
+        if mlp.down_proj.bias is None:
+            x.addmm_(act, mlp.down_proj.weight.t())
+        else:
+            x.add_(mlp.down_proj(act))
 
     def refresh_weights(self) -> None:
         """Copy the model's current weights into the fused buffers (in place: captured graphs stay valid)."""
