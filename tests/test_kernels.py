@@ -135,6 +135,24 @@ def test_linear_add_adds_the_product_to_the_stream(split_k):
     torch.testing.assert_close(x, x0 + torch.nn.functional.linear(a, w, b))
 
 
+@pytest.mark.skipif(DEVICE == "cpu", reason="Triton 3.6's interpreter gets bf16 tl.dot wrong; a GPU compiles it")
+def test_own_gemms_round_where_the_modules_round_in_bf16():
+    """In bf16: the normalised operand is rounded, then scaled by the weight and rounded (HF's RMSNorm), and a
+    projection's product is rounded before its residual add; against torch's modules' arithmetic."""
+    g = torch.Generator(DEVICE).manual_seed(8)
+    bf = lambda *shape, s=1.0: (torch.randn(*shape, generator=g) * s).to(torch.bfloat16)  # noqa: E731
+    x, gamma, w, b = bf(24, 576), bf(576), bf(960, 576, s=0.05), bf(960)
+    out = torch.empty(24, 960, dtype=torch.bfloat16)
+    K.norm_linear(x, gamma, 1e-5, w, b, out)
+    xf = x.float()
+    normed = gamma * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(torch.bfloat16)
+    torch.testing.assert_close(out, torch.nn.functional.linear(normed, w, b), atol=2e-2, rtol=1.6e-2)
+    a, w2 = bf(24, 576), bf(576, 576, s=0.05)
+    x0 = x.clone()
+    K.linear_add(a, w2, x)
+    torch.testing.assert_close(x, x0 + torch.nn.functional.linear(a, w2), atol=2e-2, rtol=1.6e-2)
+
+
 def test_silu_mul():
     gate_up = torch.randn(3, 100, generator=torch.Generator(DEVICE).manual_seed(3))
     out = torch.empty(3, 50)

@@ -182,14 +182,14 @@ def test_fast_matches_eager(tiny, prompts, fast):
 )
 def test_fused_routes_match_eager(tiny, prompts, monkeypatch, linear_rows, split):
     """The fused step's projections through cuBLAS between norm kernels, or through kernels.py's GEMMs with
-    the norm, activation and residual inside; attention over the whole cache per program, or split into
-    16-slot pieces combined by the last program (the tally left at zero for the next launch)."""
+    the norm or the residual add inside; attention over the whole cache per program, or split into 16-slot
+    pieces combined by the last program (the tally left at zero for the next launch)."""
     if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the CPU model's fused path needs Triton's interpreter")
     from grpo_knobs.rollout import kernels
 
     monkeypatch.setattr(kernels, "SPLIT_CHUNK", 16)
-    monkeypatch.setattr(kernels, "_sm_count", lambda device: 1 << 20 if split else 1)
+    monkeypatch.setattr(kernels, "sm_count", lambda device: 1 << 20 if split else 1)
     model, tokenizer = tiny
     launches = []
     attend = kernels.rotary_attention

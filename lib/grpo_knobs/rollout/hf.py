@@ -203,10 +203,14 @@ class StaticDecoder:
         self.step = torch.zeros(1, dtype=torch.long, device=dev)  # output column the next token goes to
         self.inv_temp = torch.ones(1, dtype=torch.float32, device=dev)
         self.keys = torch.zeros(rows, dtype=torch.long, device=dev)  # [R] response key of each row's noise
-        # the tallies of split attention (one per row and KV head) and split GEMMs (one per output tile,
-        # at most 16 x 32, of the widest projection), each left at zero by the launch that used it
-        widest = max(self.fused.wqkv[0].shape[0], self.fused.wgu[0].shape[0]) if self.fused is not None else 0
-        tallies = max(rows * self.n_kv, -(-rows // 16) * -(-widest // 32))
+        # the tallies of split launches, each left at zero by the launch that used it: one per row and KV
+        # head for split attention; one per output tile for split-K GEMMs, which split only while their
+        # tiles are fewer than the SMs
+        tallies = rows * self.n_kv
+        if self.fused is not None:
+            from .kernels import sm_count
+
+            tallies = max(tallies, sm_count(dev))
         self.counts = torch.zeros(tallies, dtype=torch.int32, device=dev)  # [tallies]
         if self.fused is not None:  # the model's rotary embedding at every cache position, read by position
             cos, sin = self.backbone.rotary_emb(self.weight.new_empty(1, cap, 1), self.arange[None])  # [1, C, D]
@@ -294,7 +298,7 @@ class StaticDecoder:
         """One decode token for rows :B through the fused kernels (kernels.py); returns [B, H] after the final norm.
 
         Up to ``linear_rows`` rows a layer is ``_own_layer``'s six launches, wider ``_cublas_layer``'s eight
-        (benchmarks/decode_kernels.py --widths times both at each width).
+        (benchmarks/decode_kernels.py --widths times both at each width; a down_proj bias adds one to each).
         """
         from .kernels import add_rms_norm, embed_rms_norm
 
@@ -333,7 +337,8 @@ class StaticDecoder:
     def _own_layer(self, i: int, layer, x, h, kv_len: int) -> None:
         """Six launches for a narrow step, where kernel latency rather than work sets the time: our GEMMs
         normalise their operand as they read it (q|k|v, gate|up) or add into the stream as they write
-        (o_proj), and cuBLAS's down_proj adds into the stream (at K = I it beats ours). h is not used."""
+        (o_proj), and cuBLAS's down_proj adds into the stream (at K = I it beats ours; its sum is rounded
+        once, where the module rounds the product and then the sum). h is not used."""
         from .kernels import embed_norm_linear, linear_add, norm_linear, silu_mul
 
         f, attn, mlp, B = self.fused, layer.self_attn, layer.mlp, x.shape[0]

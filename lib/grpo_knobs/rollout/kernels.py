@@ -23,7 +23,9 @@ depend on scheduling.
 Every kernel reads its scalars (the step, the slot and position it implies) from device memory, so
 one CUDA graph replays it. Arithmetic is float32 inside a kernel; values are rounded to the storage
 dtype where the transformers modules round them (the residual stream, the normalised hidden state,
-q and k, the activation), so the fused step tracks the modules' numerics closely.
+q and k, the activation, a projection's output before its residual add), so the fused step tracks the
+modules' numerics closely. One exception: at narrow widths down_proj's product is added into the
+stream by cuBLAS's addmm, rounded once (the sum) rather than twice (the product, then the sum).
 
 Without CUDA the kernels run in Triton's interpreter, which is how the CPU tests check them.
 """
@@ -205,14 +207,15 @@ def _linear_kernel(
     if SPLIT_K == 1:
         _linear_store(acc, bias_ptr, out_ptr, rm, rn, m_ok, n_ok, stride_out, dtype, HAS_BIAS, RESIDUAL)
     else:
-        # As split attention: publish this split's sum, count it in (acquire-release), and the last
-        # program of the tile adds the splits in order, so the sum does not depend on which one it is.
+        # As split attention: publish this split's sum, count it in, and the last program of the tile
+        # adds the splits in order, so the sum does not depend on which one it is.
         tile = pid_m * tl.num_programs(1) + pid_n
         cell = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]  # [BM, BN]
         tl.store(part_ptr + (tile * SPLIT_K + pid_k) * BM * BN + cell, acc)
+        tl.debug_barrier()  # every thread's share of the tile is stored before one thread counts it in
         if tl.atomic_add(count_ptr + tile, 1) == SPLIT_K - 1:
             acc = tl.zeros([BM, BN], tl.float32)
-            for t in tl.static_range(SPLIT_K):
+            for t in range(SPLIT_K):
                 acc += tl.load(part_ptr + (tile * SPLIT_K + t) * BM * BN + cell, cache_modifier=".cg")
             tl.store(count_ptr + tile, 0)
             _linear_store(acc, bias_ptr, out_ptr, rm, rn, m_ok, n_ok, stride_out, dtype, HAS_BIAS, RESIDUAL)
@@ -238,7 +241,7 @@ def _linear_tiles(M: int, N: int, K: int, device: torch.device) -> dict:
     and a long K is split while the tiles alone leave SMs idle."""
     bn = 16 if M <= 32 and N <= 1024 else 32
     tiles = triton.cdiv(M, 16) * triton.cdiv(N, bn)
-    split_k = 4 if K >= 1024 and tiles < _sm_count(device) else 1
+    split_k = 4 if K >= 1024 and tiles < sm_count(device) else 1
     return {"BM": 16, "BN": bn, "BK": 64, "SPLIT_K": split_k, "num_warps": 4, "num_stages": 4}
 
 
@@ -260,6 +263,7 @@ def _linear(
     """One launch of _linear_kernel: out [M, N] from a and weight [N, K] (see the public wrappers)."""
     M, (N, K) = out.shape[0], weight.shape
     assert weight.is_contiguous() and out.stride(-1) == 1 and a.stride(-1) == 1
+    assert tokens is None or norm, "the gathered stream is written in the norm's first pass"
     launch = _linear_tiles(M, N, K, weight.device) | tiles
     bm, bn, bk, split_k = launch["BM"], launch["BN"], launch["BK"], launch.pop("SPLIT_K")
     grid = (triton.cdiv(M, bm), triton.cdiv(N, bn), split_k)
@@ -270,7 +274,7 @@ def _linear(
         count_buf = (
             counts if counts is not None else torch.zeros(grid[0] * grid[1], dtype=torch.int32, device=out.device)
         )
-        assert count_buf.numel() >= grid[0] * grid[1]
+        assert count_buf.dtype == torch.int32 and count_buf.numel() >= grid[0] * grid[1]
     _linear_kernel[grid](
         a,
         weight,
@@ -443,20 +447,21 @@ def _rotary_attention_kernel(
     if SPLITS == 1:
         _attend_self(q, k_new, v_new, m_i, l_i, acc, scale, o_rows, is_q)
     else:
-        # Publish this split's running max, denominator and sum, then count it in; the count's
-        # acquire-release ordering makes every earlier split's partial visible to the program that
-        # counts last, which folds them in split order (so the result does not depend on which
-        # program that is) and resets the count for the next launch.
+        # Publish this split's running max, denominator and sum, then count it in: a block-wide barrier
+        # orders all its threads' stores before the count (one thread makes the atomic, acquire-release
+        # at GPU scope), so the program that counts last sees every split's partial. It folds them in
+        # split order (the result does not depend on which program that is) and resets the count.
         part = part_ptr + ((b * N_KV + j) * SPLITS) * G_PAD * (D + 2)
         row = g * (D + 2)  # [G_PAD, 1]
         tl.store(part + c * G_PAD * (D + 2) + row + d[None, :], acc, mask=is_q)
         tl.store(part + c * G_PAD * (D + 2) + row + D, m_i[:, None], mask=is_q)
         tl.store(part + c * G_PAD * (D + 2) + row + D + 1, l_i[:, None], mask=is_q)
+        tl.debug_barrier()
         if tl.atomic_add(count_ptr + b * N_KV + j, 1) == SPLITS - 1:
             m_i = tl.full([G_PAD], -1.0e30, tl.float32)
             l_i = tl.zeros([G_PAD], tl.float32)
             acc = tl.zeros([G_PAD, D], tl.float32)
-            for t in tl.static_range(SPLITS):
+            for t in range(SPLITS):  # a loop, not unrolled: long caches have many splits
                 base = part + t * G_PAD * (D + 2) + row
                 m_t = tl.sum(tl.load(base + D, mask=is_q, other=-1.0e30, cache_modifier=".cg"), axis=1)  # [G_PAD]
                 l_t = tl.sum(tl.load(base + D + 1, mask=is_q, other=0.0, cache_modifier=".cg"), axis=1)
@@ -532,7 +537,7 @@ def rotary_attention(
     # blocks, double-buffered.
     g_pad = max(triton.next_power_of_2(G), 16)
     if split is None:
-        split = B * n_kv < 2 * _sm_count(qkv.device)
+        split = B * n_kv < 2 * sm_count(qkv.device)
     whole = triton.cdiv(kv_len, block_k) * block_k
     piece = min(triton.cdiv(chunk or SPLIT_CHUNK, block_k) * block_k, whole) if split else whole
     splits = triton.cdiv(kv_len, piece)
@@ -542,6 +547,7 @@ def rotary_attention(
             B, n_kv, splits, g_pad, D + 2, dtype=torch.float32, device=qkv.device
         )  # [B, Hkv, S, G, D+2]
         count_buf = counts if counts is not None else torch.zeros(B * n_kv, dtype=torch.int32, device=qkv.device)
+        assert count_buf.dtype == torch.int32 and count_buf.numel() >= B * n_kv
     _rotary_attention_kernel[(B, n_kv, splits)](
         qkv,
         cos,
@@ -578,7 +584,7 @@ def rotary_attention(
 
 
 @functools.cache
-def _sm_count(device: torch.device) -> int:
+def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device (4 elsewhere: the interpreter runs programs one by one)."""
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
