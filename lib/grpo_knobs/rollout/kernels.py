@@ -269,12 +269,10 @@ def _linear(
     grid = (triton.cdiv(M, bm), triton.cdiv(N, bn), split_k)
     k_per = triton.cdiv(triton.cdiv(K, split_k), bk) * bk  # K columns per split, whole BK blocks
     part = count_buf = out  # not read with one split
-    if split_k > 1:
-        part = torch.empty(grid[0] * grid[1] * split_k * bm * bn, dtype=torch.float32, device=out.device)
-        count_buf = (
-            counts if counts is not None else torch.zeros(grid[0] * grid[1], dtype=torch.int32, device=out.device)
+    if split_k > 1:  # [tiles * splits * BM * BN]: each split's partial tile; one tally per tile
+        part, count_buf = _split_buffers(
+            (grid[0] * grid[1] * split_k * bm * bn,), grid[0] * grid[1], counts, out.device
         )
-        assert count_buf.dtype == torch.int32 and count_buf.numel() >= grid[0] * grid[1]
     _linear_kernel[grid](
         a,
         weight,
@@ -542,12 +540,8 @@ def rotary_attention(
     piece = min(triton.cdiv(chunk or SPLIT_CHUNK, block_k) * block_k, whole) if split else whole
     splits = triton.cdiv(kv_len, piece)
     part = count_buf = out  # not read with one split
-    if splits > 1:
-        part = torch.empty(
-            B, n_kv, splits, g_pad, D + 2, dtype=torch.float32, device=qkv.device
-        )  # [B, Hkv, S, G, D+2]
-        count_buf = counts if counts is not None else torch.zeros(B * n_kv, dtype=torch.int32, device=qkv.device)
-        assert count_buf.dtype == torch.int32 and count_buf.numel() >= B * n_kv
+    if splits > 1:  # [B, Hkv, splits, G_PAD, D + 2]: each split's sum, running max and denominator per query head
+        part, count_buf = _split_buffers((B, n_kv, splits, g_pad, D + 2), B * n_kv, counts, qkv.device)
     _rotary_attention_kernel[(B, n_kv, splits)](
         qkv,
         cos,
@@ -581,6 +575,14 @@ def rotary_attention(
         num_stages=num_stages,
     )
     return out
+
+
+def _split_buffers(part_shape: tuple, tallies: int, counts: torch.Tensor | None, device: torch.device):
+    """A split launch's float32 workspace for its partial results, and its tally buffer: ``counts`` (int32, zero,
+    at least ``tallies`` long; left zero by the launch) or, without it, a fresh zeroed one."""
+    counts = counts if counts is not None else torch.zeros(tallies, dtype=torch.int32, device=device)
+    assert counts.dtype == torch.int32 and counts.numel() >= tallies
+    return torch.empty(part_shape, dtype=torch.float32, device=device), counts
 
 
 @functools.cache
