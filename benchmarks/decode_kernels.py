@@ -265,7 +265,7 @@ def layer_routes(model, widths: list[int], kv_len: int, time_us, base: dict, til
         for name, (mine, theirs) in gemms.items():
             entry = r[f"gemm {name}"] = {"default_us": time_us(mine), "cublas_us": time_us(theirs), "sweep": []}
             for tiles in TILE_SWEEP if tile_sweep else []:
-                if tiles["BM"] <= max(16, triton_next_pow2(B)):
+                if tiles["BM"] <= max(16, 1 << (B - 1).bit_length()):  # row tiles up to the width
                     entry["sweep"].append(tiles | {"us": time_us(lambda: mine(**tiles))})
             entry["sweep"].sort(key=lambda e: e["us"])
             line = f"       {name:<16} own {entry['default_us']:6.1f}  cuBLAS {entry['cublas_us']:6.1f}"
@@ -276,10 +276,6 @@ def layer_routes(model, widths: list[int], kv_len: int, time_us, base: dict, til
             print(line, flush=True)
         rows.append(base | {"kernel": "layer routes"} | r)
     return rows
-
-
-def triton_next_pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
 
 
 if __name__ == "__main__":
