@@ -136,17 +136,10 @@ def _sandbox():
 
 
 # ----------------------------------------------------------------------------- bad parameter values
-def _is_float(text: str) -> bool:
+def _parses(text: str, kind: type) -> bool:
+    """Whether ``kind(text)`` (int or float) reads ``text``."""
     try:
-        float(text.strip())
-    except ValueError:
-        return False
-    return True
-
-
-def _is_int(text: str) -> bool:
-    try:
-        int(text.strip())
+        kind(text.strip())
     except ValueError:
         return False
     return True
@@ -164,11 +157,13 @@ def bad_value(draw, name: str) -> str:
         lambda t: not (_optional(name) and t.strip().lower() in NULLS) and "\x00" not in t
     )
     if kind is float:
-        return draw(st.one_of(NON_FINITE, junk.filter(lambda t: not _is_float(t))))
+        return draw(st.one_of(NON_FINITE, junk.filter(lambda t: not _parses(t, float))))
     if kind is int:
         huge = st.integers(min_value=2**63, max_value=10**30).map(str) | st.integers(max_value=-(2**63)).map(str)
         fraction = st.floats(allow_nan=False, allow_infinity=False).filter(lambda x: not x.is_integer()).map(repr)
-        return draw(st.one_of(huge, fraction, NON_FINITE, junk.filter(lambda t: not _is_int(t) and not _is_float(t))))
+        return draw(
+            st.one_of(huge, fraction, NON_FINITE, junk.filter(lambda t: not _parses(t, int) and not _parses(t, float)))
+        )
     if kind is bool:
         words = {"true", "yes", "on", "1", "false", "no", "off", "0"}
         return draw(junk.filter(lambda t: t.strip().lower() not in words))
