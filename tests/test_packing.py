@@ -475,24 +475,20 @@ def test_shared_prompts_on_cuda_match_unshared_and_repeat_bit_for_bit(backend):
     micro = token_budget_micro_batches([len(s) for s in seqs], 1500, shared_prompt_tokens(seqs))
     assert len(micro) > 1
 
-    def run(share, monkey):
-        monkey.setattr(packing, "pack", lambda s, d: pack(s, d, share_prompts=share))
-        got = logprobs_to_host(score_packed(model, seqs, micro, dev, 1.0, autocast, backend))
+    def run(share):
+        got = logprobs_to_host(score_packed(model, seqs, micro, dev, 1.0, autocast, backend, share))
         model.zero_grad()
         cfg = type(
             "C", (), dict(clip_low=0.2, clip_high=0.28, loss_aggregation="sequence-mean", kl_coef=0.0, temperature=1.0)
         )
         old = [r + 0.1 for r in ref]
-        update_packed(model, seqs, list(range(len(seqs))), micro, adv, old, None, cfg, dev, autocast, backend)
+        update_packed(model, seqs, list(range(len(seqs))), micro, adv, old, None, cfg, dev, autocast, backend, share)
         return got, torch.cat([p.grad.flatten() for p in model.parameters()])
 
-    from grpo_knobs import packing
-
-    with pytest.MonkeyPatch.context() as monkey:
-        (shared, g_shared), (unshared, g_unshared) = run(True, monkey), run(False, monkey)
-        with deterministic_mode(True):
-            _, g_a = run(True, monkey)
-            _, g_b = run(True, monkey)
+    (shared, g_shared), (unshared, g_unshared) = run(True), run(False)
+    with deterministic_mode(True):
+        _, g_a = run(True)
+        _, g_b = run(True)
 
     def err(x):
         return float(torch.cat([a - b for a, b in zip(x, ref) if a.numel()]).abs().mean())

@@ -635,6 +635,7 @@ def score_packed(
     temperature: float,
     autocast,
     backend: str = "eager",
+    share_prompts: bool = True,
 ) -> list[torch.Tensor]:
     """Per-response token log-probs ([len_i] float32 views of one flat tensor on ``device``).
 
@@ -643,7 +644,7 @@ def score_packed(
     outs = []
     with torch.no_grad():
         for mb_idx in micro:
-            pb = pack([seqs[i] for i in mb_idx], device)
+            pb = pack([seqs[i] for i in mb_idx], device, share_prompts)
             with autocast():
                 outs.append(packed_token_logprobs(model, pb, temperature, backend=backend))  # [Nr_mb]
     order = [i for mb in micro for i in mb]
@@ -674,19 +675,21 @@ def update_packed(
     device: torch.device,
     autocast,
     backend: str = "eager",
+    share_prompts: bool = True,
 ) -> torch.Tensor:
     """Forward, loss and backward of one update's responses ``idx`` over packed micro-batches
     (gradients accumulate; the caller clips and steps). ``cfg`` supplies clip_low, clip_high,
     loss_aggregation, kl_coef and temperature. ``adv`` [P*G] is on the host; the entries of
     ``old_logp``/``ref_logp`` should be on ``device`` (host ones are copied). Entries of
-    ``old_logp`` that are None are taken from this pass (detached) and stored back.
+    ``old_logp`` that are None are taken from this pass (detached) and stored back. ``share_prompts``:
+    see ``pack`` (the trainer always shares; benchmarks time both layouts).
 
     Returns [8] float32 on the device: the loss, then the sums named by ``STAT_NAMES``. Nothing
     here waits for the device; the trainer reads every update's values once per collection."""
     update_tokens = float(sum(len(seqs[i].response_ids) for i in idx))
     stats, loss_total = None, torch.zeros((), device=device)
     for mb_idx in micro:
-        pb = pack([seqs[i] for i in mb_idx], device)
+        pb = pack([seqs[i] for i in mb_idx], device, share_prompts)
         with autocast():
             logp = packed_token_logprobs(model, pb, cfg.temperature, backend=backend)  # [Nr]
         if any(old_logp[i] is None for i in mb_idx):
