@@ -87,6 +87,10 @@ def test_train_benchmark_cpu(tmp_path):
             "64,256",
             "--packed-budgets",
             "64,256",
+            "--packed-paths",
+            "packed,packed:unshared",
+            "--group",
+            "4",
             "--responses",
             "8",
             "--prompt-len",
@@ -112,7 +116,9 @@ def test_train_benchmark_cpu(tmp_path):
         ("padded", 64),
         ("padded", 256),
         ("packed", 64),
+        ("packed:unshared", 64),
         ("packed", 256),
+        ("packed:unshared", 256),
     ]
     assert rows[0]["micro_batches"] > rows[1]["micro_batches"]  # a smaller budget packs more micro-batches
     for r in rows:
@@ -124,8 +130,13 @@ def test_train_benchmark_cpu(tmp_path):
             == (r["seconds_per_scoring"] + r["seconds_per_update"]) / r["seconds_per_update"]
         )
         assert r["logprob_max_abs_diff_vs_first"] < 1e-4  # float32 on CPU: both paths score the same log-probs
-    packed = [r for r in rows if r["path"] == "packed"]
+    packed = [r for r in rows if r["path"].startswith("packed")]
     assert all(r["padded_tokens"] == r["tokens"] for r in packed)  # no padding
+    # two prompts of 8 tokens, 4 responses each: sharing saves 3 copies of each prompt where a
+    # micro-batch holds the whole group (the 256-token budget), none where it holds one sequence
+    by = {(r["path"], r["max_tokens_per_micro_batch"]): r for r in packed}
+    assert by[("packed:unshared", 256)]["packed_tokens"] == by[("packed:unshared", 256)]["tokens"]
+    assert by[("packed", 256)]["packed_tokens"] == by[("packed", 256)]["tokens"] - 2 * 3 * 8
 
 
 def test_train_benchmark_cpu_on_a_real_collection(tmp_path):

@@ -19,6 +19,7 @@ from grpo_knobs.packing import (
     packed_hidden_states,
     packed_surrogate_loss,
     packed_token_logprobs,
+    shared_prompt_tokens,
     supports_packed,
     token_budget_micro_batches,
 )
@@ -35,6 +36,87 @@ def test_pack_layout_positions_and_prediction_index():
     assert pb.targets.tolist() == [7, 8, 9, 11]
     assert pb.segment.tolist() == [0, 0, 0, 1]
     assert pb.response_lengths.tolist() == [3.0, 1.0]
+
+
+def test_pack_shares_a_groups_prompt():
+    """Consecutive sequences with one prompt: the prompt once, each response a segment whose keys are
+    the prompt's then its own; an empty response has no segment; a lone sequence keeps its own."""
+    p = [5, 6]
+    seqs = [Sequence(p, [7, 8]), Sequence(p, [9]), Sequence(list(p), []), Sequence([1], [2])]
+    assert shared_prompt_tokens(seqs) == [0, 2, 2, 0]
+    pb = pack(seqs)
+    assert pb.input_ids.tolist() == [5, 6, 7, 8, 9, 1, 2]
+    assert pb.position_ids.tolist() == [0, 1, 2, 3, 2, 0, 1]
+    assert pb.cu_seqlens.tolist() == [0, 2, 4, 5, 7]  # prompt, response 0, response 1, the lone sequence
+    assert pb.cu_seqlens_k.tolist() == [0, 2, 6, 9, 11]
+    assert pb.kv_index.tolist() == [0, 1, 0, 1, 2, 3, 0, 1, 4, 5, 6]
+    assert (pb.max_len, pb.max_len_k) == (2, 4)
+    assert pb.predict_index.tolist() == [1, 2, 1, 5]  # every response's first token: the prompt's last position
+    assert pb.targets.tolist() == [7, 8, 9, 2]
+    assert pb.segment.tolist() == [0, 0, 1, 3]
+    assert pb.response_split == [2, 1, 0, 1]
+    unshared = pack(seqs, share_prompts=False)
+    assert unshared.kv_index is None and unshared.cu_seqlens.tolist() == [0, 4, 7, 9, 11]
+    assert unshared.targets.tolist() == pb.targets.tolist()
+
+
+def grouped_sequences(groups: int = 3, size: int = 4, seed: int = 2, vocab: int = 50) -> list[Sequence]:
+    """``groups`` prompts with ``size`` responses each (one of them empty), group-major, as a collection."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(groups):
+        prompt = torch.randint(3, vocab, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist()
+        for j in range(size):
+            r = 0 if j == 1 else int(torch.randint(1, 12, (1,), generator=g))
+            out.append(Sequence(prompt, torch.randint(3, vocab, (r,), generator=g).tolist()))
+    return out
+
+
+def test_shared_prompts_give_the_unshared_logprobs_and_gradients():
+    """Sharing a group's prompt changes how much is computed, not what: log-probs, and the gradient of
+    a loss over them, match the layout with a copy of the prompt per response (float32, CPU)."""
+    model = tiny_llama()
+    seqs = grouped_sequences() + random_sequences(n=2, seed=9)
+    weights = torch.linspace(-1.0, 1.0, sum(len(s.response_ids) for s in seqs))
+    out = {}
+    for share in (True, False):
+        model.zero_grad()
+        pb = pack(seqs, share_prompts=share)
+        assert (pb.kv_index is not None) == share
+        logp = packed_token_logprobs(model, pb)  # [Nr]
+        (logp * weights).sum().backward()
+        out[share] = (logp.detach(), torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert pack(seqs).input_ids.numel() < pack(seqs, share_prompts=False).input_ids.numel()
+    torch.testing.assert_close(out[True][0], out[False][0], atol=1e-6, rtol=0)
+    assert float(out[False][1].norm()) > 1e-4
+    torch.testing.assert_close(out[True][1], out[False][1], atol=1e-6, rtol=1e-5)
+
+
+def test_a_response_sees_only_its_own_prompt_and_earlier_tokens():
+    """Changing one response of a group leaves the prompt's and its siblings' hidden states unchanged."""
+    model = tiny_llama()
+    seqs = grouped_sequences(groups=2)
+    changed = list(seqs)
+    changed[2] = Sequence(seqs[2].prompt_ids, [48] * len(seqs[2].response_ids))
+    with torch.no_grad():
+        base, other = (packed_hidden_states(model, pack(x)) for x in (seqs, changed))
+    cu = pack(seqs).cu_seqlens.tolist()  # segments: prompt 0, responses 0, 2, 3 (1 is empty), prompt 1, ...
+    moved = {2}  # the segment of response 2
+    for s in range(len(cu) - 1):
+        a, b = cu[s], cu[s + 1]
+        if s in moved:
+            assert not torch.allclose(base[a:b], other[a:b])
+        else:
+            torch.testing.assert_close(base[a:b], other[a:b], atol=0, rtol=0)
+
+
+def test_token_budget_counts_a_shared_prompt_once():
+    lengths, shared = [10, 10, 10, 10, 6], [0, 8, 8, 8, 0]
+    # packed: 10 + 2 + 2 = 14 fits 16; the next group member opens no new prompt but 14 + 2 = 16 fits too
+    assert token_budget_micro_batches(lengths, 16, shared) == [[0, 1, 2, 3], [4]]
+    # a group cut by the budget: its next micro-batch holds the prompt again, at full length
+    assert token_budget_micro_batches(lengths, 12, shared) == [[0, 1], [2, 3], [4]]
+    assert token_budget_micro_batches(lengths, 16) == [[0], [1], [2], [3, 4]]
 
 
 def test_token_budget_counts_real_tokens_and_keeps_order():
@@ -361,3 +443,57 @@ def _padded_update_cuda(model, seqs, adv, old, dev, ctx):
         global_batch_tokens=float(sum(len(s.response_ids) for s in seqs)),
     )
     return logp, t
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: variable-length flash attention and bf16")
+@pytest.mark.parametrize("backend", ["eager", "liger", "compiled"])
+def test_shared_prompts_on_cuda_match_unshared_and_repeat_bit_for_bit(backend):
+    """Flash attention with a shared prompt (more keys than queries, bottom-right causal) against one copy
+    of the prompt per response, both held to the float32 padded path: the shared layout's log-prob and
+    gradient-norm errors stay within 1.5x the unshared one's (plus a little). Under deterministic mode two
+    updates give the same gradients bit for bit (the key gather's backward sums a prompt's keys in order)."""
+    from grpo_knobs.models import load_model
+    from grpo_knobs.packing import liger_available, logprobs_to_host, score_packed, update_packed
+    from grpo_knobs.runtime import deterministic_mode
+
+    if backend == "liger" and not liger_available():
+        pytest.skip("liger-kernel is not installed")
+    model, tok, _ = load_model("smollm2-135m-instruct", device="cuda", dtype=torch.float32)
+    model.eval()
+    seqs = [
+        Sequence(s.prompt_ids * 12, s.response_ids * 8) for s in grouped_sequences(6, 8, seed=4, vocab=len(tok))
+    ]  # run-like: 6 prompts of 24-96 tokens, 8 responses each of 0-88
+    dev = torch.device("cuda")
+    adv = torch.linspace(-1.0, 1.0, len(seqs))
+
+    def autocast():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+
+    with torch.no_grad():
+        ref = token_logprobs(model, collate(seqs, 0, dev)).float().cpu()  # float32, padded
+    ref = [ref[i, : len(s.response_ids)] for i, s in enumerate(seqs)]
+    micro = token_budget_micro_batches([len(s) for s in seqs], 1500, shared_prompt_tokens(seqs))
+    assert len(micro) > 1
+
+    def run(share):
+        got = logprobs_to_host(score_packed(model, seqs, micro, dev, 1.0, autocast, backend, share))
+        model.zero_grad()
+        cfg = type(
+            "C", (), dict(clip_low=0.2, clip_high=0.28, loss_aggregation="sequence-mean", kl_coef=0.0, temperature=1.0)
+        )
+        old = [r + 0.1 for r in ref]
+        update_packed(model, seqs, list(range(len(seqs))), micro, adv, old, None, cfg, dev, autocast, backend, share)
+        return got, torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    (shared, g_shared), (unshared, g_unshared) = run(True), run(False)
+    with deterministic_mode(True):
+        _, g_a = run(True)
+        _, g_b = run(True)
+
+    def err(x):
+        return float(torch.cat([a - b for a, b in zip(x, ref) if a.numel()]).abs().mean())
+
+    assert err(shared) <= 1.5 * err(unshared) + 1e-3, (err(shared), err(unshared))
+    cos = float(torch.nn.functional.cosine_similarity(g_shared, g_unshared, dim=0))
+    assert cos > 0.99 and float(g_shared.norm()) == pytest.approx(float(g_unshared.norm()), rel=0.02), cos
+    assert torch.equal(g_a, g_b)

@@ -1,10 +1,14 @@
 """The trainer's packed path: sequences back to back with no padding, attention that never
 crosses a sequence boundary, and response log-probs without [tokens, vocab] float32 logits.
 
-A micro-batch of m sequences of lengths L_1..L_m becomes one row of N = sum(L_i) tokens.
-Each token carries its position inside its own sequence (rotary restarts at 0), and
-attention is causal within each sequence only: variable-length flash attention with
-cumulative sequence starts on CUDA, one causal SDPA call per sequence elsewhere. The
+A micro-batch of m sequences becomes one row of N tokens without padding. Each token carries
+its position inside its own sequence (rotary restarts at 0), and attention is causal within
+each sequence only: variable-length flash attention on CUDA, one causal SDPA call per segment
+elsewhere. Consecutive sequences with the same prompt (a GRPO group: G responses to one prompt)
+share one copy of it: the prompt is a query segment of its own, each response a query segment
+whose keys are the prompt's followed by its own, causal from the bottom-right corner. The
+arithmetic per response is the unshared one; a group of G costs P + sum(R_i) tokens instead of
+G * P + sum(R_i). The
 output projection, log-softmax and gather run over chunks of response positions with the
 logits recomputed in the backward pass, so memory holds one chunk of logits at a time.
 
@@ -48,18 +52,23 @@ def supports_packed(model: torch.nn.Module) -> bool:
     return all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")) and not hasattr(attn, "q_norm")
 
 
-def token_budget_micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Split indices, in order, into runs whose summed length stays within ``max_tokens``
-    (no padding is counted); a sequence longer than the budget gets a micro-batch of its own."""
+def token_budget_micro_batches(
+    lengths: list[int], max_tokens: int, shared: list[int] | None = None
+) -> list[list[int]]:
+    """Split indices, in order, into runs whose packed length stays within ``max_tokens``
+    (no padding is counted); a sequence longer than the budget gets a micro-batch of its own.
+    ``shared[i]``: tokens sequence i shares with sequence i - 1 (its prompt, when ``pack`` lays
+    them out as one group), which it does not add unless it opens a micro-batch."""
     batches: list[list[int]] = []
     current: list[int] = []
     used = 0
     for i, n in enumerate(lengths):
-        if current and used + n > max_tokens:
+        cost = n - shared[i] if shared is not None and current else n
+        if current and used + cost > max_tokens:
             batches.append(current)
-            current, used = [], 0
+            current, used, cost = [], 0, n
         current.append(i)
-        used += n
+        used += cost
     if current:
         batches.append(current)
     return batches
@@ -90,13 +99,23 @@ def memory_token_budget(
 
 @dataclass
 class PackedBatch:
-    """m sequences of total length N, with Nr response tokens among them."""
+    """m sequences in N tokens, Nr of them response tokens, attended as q query segments.
 
-    input_ids: torch.Tensor  # [N] prompt + response tokens, sequence after sequence
+    Segment s attends to its keys ``kv_index[cu_seqlens_k[s]:cu_seqlens_k[s + 1]]`` (flat token
+    positions), causally aligned at the bottom-right: the last query sees every key. A sequence that
+    shares no prompt is one segment whose keys are its own tokens; a group sharing a prompt is the
+    prompt's segment, then one per non-empty response with the prompt's keys before its own.
+    """
+
+    input_ids: torch.Tensor  # [N] tokens: each group's prompt once, then its responses
     position_ids: torch.Tensor  # [N] position inside its own sequence
-    cu_seqlens: torch.Tensor  # [m + 1] int32 start of each sequence, then N
-    max_len: int  # longest sequence
-    lengths: list[int]  # [m] sequence lengths (host copy, for the per-sequence fallback)
+    cu_seqlens: torch.Tensor  # [q + 1] int32 start of each query segment, then N
+    cu_seqlens_k: torch.Tensor  # [q + 1] int32 start of each segment's keys in kv_index, then Nk
+    kv_index: torch.Tensor | None  # [Nk] token position of each key; None: the keys are the queries (Nk = N)
+    max_len: int  # longest query segment
+    max_len_k: int  # longest key segment
+    lengths: list[int]  # [q] query segment lengths (host copy, for the per-segment fallback)
+    lengths_k: list[int]  # [q] key segment lengths (host copy)
     predict_index: torch.Tensor  # [Nr] flat position whose hidden state predicts each response token
     targets: torch.Tensor  # [Nr] response token ids
     segment: torch.Tensor  # [Nr] sequence (0..m-1) of each response token
@@ -112,38 +131,91 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
-def pack(seqs: list[Sequence], device: torch.device | str = "cpu") -> PackedBatch:
-    """Concatenate sequences without padding; index arrays are built on the host with numpy
-    and moved in one transfer each (pinned and asynchronous on CUDA)."""
-    device = torch.device(device)
-    lengths = np.array([len(s) for s in seqs], dtype=np.int64)  # [m]
-    resp = np.array([len(s.response_ids) for s in seqs], dtype=np.int64)  # [m]
-    prompt = lengths - resp  # [m]
-    starts = np.concatenate([[0], np.cumsum(lengths)])  # [m + 1]
-    ids = np.fromiter(
-        (t for s in seqs for t in (*s.prompt_ids, *s.response_ids)), dtype=np.int64, count=int(starts[-1])
-    )
-    pos = np.arange(starts[-1]) - np.repeat(starts[:-1], lengths)  # [N]
-    seg = np.repeat(np.arange(len(seqs)), resp)  # [Nr]
-    offset_in_resp = np.arange(resp.sum()) - np.repeat(np.concatenate([[0], np.cumsum(resp)[:-1]]), resp)  # [Nr]
-    # Hidden state at position p + j - 1 of a sequence predicts its response token j.
-    predict = starts[:-1][seg] + prompt[seg] + offset_in_resp - 1  # [Nr]
-    targets = ids[predict + 1]  # [Nr]
+def shared_prompt_tokens(seqs: list[Sequence]) -> list[int]:
+    """[m] prompt tokens each sequence shares with the one before it (``pack``'s groups): its prompt
+    length when the two prompts are equal, else 0."""
+    return [
+        len(s.prompt_ids)
+        if i and (s.prompt_ids is seqs[i - 1].prompt_ids or s.prompt_ids == seqs[i - 1].prompt_ids)
+        else 0
+        for i, s in enumerate(seqs)
+    ]
 
-    def put(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+
+def pack(seqs: list[Sequence], device: torch.device | str = "cpu", share_prompts: bool = True) -> PackedBatch:
+    """Lay sequences out back to back without padding; consecutive sequences with one prompt share
+    it unless ``share_prompts`` is False. Index arrays are built on the host with numpy and moved in
+    one transfer each (pinned and asynchronous on CUDA)."""
+    device = torch.device(device)
+    shared = shared_prompt_tokens(seqs) if share_prompts else [0] * len(seqs)
+    groups: list[list[int]] = []  # runs of sequences with one prompt
+    for i, n in enumerate(shared):
+        if n and groups:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    ids, pos, q_len, k_len, keys, predict = [], [], [], [], [], []
+    start = 0  # flat position of the group's first token
+    for group in groups:
+        prompt = np.asarray(seqs[group[0]].prompt_ids, dtype=np.int64)
+        p = len(prompt)
+        prompt_pos = np.arange(start, start + p)  # [p]
+        if len(group) == 1:  # one segment, its own keys
+            resp = np.asarray(seqs[group[0]].response_ids, dtype=np.int64)
+            n = p + len(resp)
+            ids += [prompt, resp]
+            pos.append(np.arange(n))
+            q_len.append(n)
+            k_len.append(n)
+            keys.append(np.arange(start, start + n))
+            # Hidden state at position p + j - 1 predicts response token j.
+            predict.append(start + p - 1 + np.arange(len(resp)))
+            start += n
+            continue
+        ids.append(prompt)
+        pos.append(np.arange(p))
+        q_len.append(p)
+        k_len.append(p)
+        keys.append(prompt_pos)
+        at = start + p
+        for i in group:
+            resp = np.asarray(seqs[i].response_ids, dtype=np.int64)
+            r = len(resp)
+            # Token 0 is predicted by the prompt's last position, token j > 0 by the response's j - 1.
+            predict.append(np.concatenate([[start + p - 1], at + np.arange(r - 1)]) if r else np.zeros(0, np.int64))
+            if not r:
+                continue
+            ids.append(resp)
+            pos.append(p + np.arange(r))
+            q_len.append(r)
+            k_len.append(p + r)
+            keys += [prompt_pos, np.arange(at, at + r)]
+            at += r
+        start = at
+    resp_len = np.array([len(s.response_ids) for s in seqs], dtype=np.int64)  # [m]
+    flat_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)  # [N]
+    kv = np.concatenate(keys) if keys else np.zeros(0, np.int64)  # [Nk]
+    targets = np.fromiter((t for s in seqs for t in s.response_ids), dtype=np.int64, count=int(resp_len.sum()))
+
+    def put(a, dtype: torch.dtype) -> torch.Tensor:
         return to_device(torch.from_numpy(np.ascontiguousarray(a)).to(dtype), device)
 
+    identity = len(kv) == len(flat_ids)  # no group shares a prompt: every segment's keys are its queries
     return PackedBatch(
-        input_ids=put(ids, torch.long),
-        position_ids=put(pos, torch.long),
-        cu_seqlens=put(starts, torch.int32),
-        max_len=int(lengths.max()),
-        lengths=lengths.tolist(),
-        predict_index=put(predict, torch.long),
+        input_ids=put(flat_ids, torch.long),
+        position_ids=put(np.concatenate(pos) if pos else np.zeros(0, np.int64), torch.long),
+        cu_seqlens=put(np.concatenate([[0], np.cumsum(q_len)]), torch.int32),
+        cu_seqlens_k=put(np.concatenate([[0], np.cumsum(k_len)]), torch.int32),
+        kv_index=None if identity else put(kv, torch.long),
+        max_len=max(q_len, default=0),
+        max_len_k=max(k_len, default=0),
+        lengths=q_len,
+        lengths_k=k_len,
+        predict_index=put(np.concatenate(predict) if predict else np.zeros(0, np.int64), torch.long),
         targets=put(targets, torch.long),
-        segment=put(seg, torch.long),
-        response_lengths=put(resp, torch.float32),
-        response_split=resp.tolist(),
+        segment=put(np.repeat(np.arange(len(seqs)), resp_len), torch.long),
+        response_lengths=put(resp_len, torch.float32),
+        response_split=resp_len.tolist(),
     )
 
 
@@ -153,28 +225,58 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def _varlen_cuda(q, k, v, cu_seqlens, max_len: int, scale: float) -> torch.Tensor:
+def _keys(k: torch.Tensor, v: torch.Tensor, kv_index: torch.Tensor | None):
+    """Each segment's keys and values, [Nk, Hkv, D]: shared prompts are read once per response.
+    index_select, whose backward (index_add) has a deterministic CUDA kernel under torch's
+    deterministic algorithms."""
+    if kv_index is None:
+        return k, v
+    return k.index_select(0, kv_index), v.index_select(0, kv_index)
+
+
+def _varlen_cuda(q, k, v, layout: tuple, scale: float) -> torch.Tensor:
     """Causal variable-length flash attention: q [N, Hq, D], k/v [N, Hkv, D] -> [N, Hq, D].
 
-    Flash attention reads each key/value head for its group of query heads, so k and v are never
-    repeated. This is the aten op, which carries its own C++ autograd node;
-    torch.nn.attention.varlen wraps the same op in a Python custom op whose dispatch, forward and
-    backward, costs more host time than the kernels of a short micro-batch take on the GPU.
+    ``layout`` = (cu_seqlens, cu_seqlens_k, max_len, max_len_k, kv_index) of a ``PackedBatch``.
+    Flash attention aligns the causal mask at the bottom-right when a segment has more keys than
+    queries (a response after its shared prompt), and reads each key/value head for its group of
+    query heads, so k and v are never repeated. This is the aten op, which carries its own C++
+    autograd node; torch.nn.attention.varlen wraps the same op in a Python custom op whose
+    dispatch, forward and backward, costs more host time than the kernels of a short micro-batch
+    take on the GPU.
     """
-    return torch.ops.aten._flash_attention_forward(
-        q, k, v, cu_seqlens, cu_seqlens, max_len, max_len, 0.0, True, False, scale=scale
-    )[0]
+    cu_q, cu_k, max_q, max_k, kv_index = layout
+    k, v = _keys(k, v, kv_index)
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False, scale=scale)[0]
 
 
-def _per_sequence_sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int], scale: float
+def _per_segment_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_index: torch.Tensor | None,
+    lengths: list[int],
+    lengths_k: list[int],
+    scale: float,
 ) -> torch.Tensor:
-    """Reference and CPU path: one causal SDPA call per sequence. q [N, Hq, D], k/v [N, Hkv, D] -> [N, Hq, D]."""
+    """Reference and CPU path: one causal SDPA call per segment, the mask aligned at the bottom-right.
+    q [N, Hq, D], k/v [N, Hkv, D] -> [N, Hq, D]."""
     gqa = k.size(1) != q.size(1)
+    k, v = _keys(k, v, kv_index)
     outs = []
-    for qs, ks, vs in zip(q.split(lengths), k.split(lengths), v.split(lengths)):
+    for qs, ks, vs in zip(q.split(lengths), k.split(lengths_k), v.split(lengths_k)):
+        lq, lk = qs.size(0), ks.size(0)
+        # A segment with as many keys as queries is plain causal; a response after its shared prompt
+        # sees the whole prompt, then its own earlier tokens.
+        mask = None if lq == lk else torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
         o = F.scaled_dot_product_attention(
-            qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1), is_causal=True, scale=scale, enable_gqa=gqa
+            qs.transpose(0, 1),
+            ks.transpose(0, 1),
+            vs.transpose(0, 1),
+            attn_mask=mask,
+            is_causal=mask is None,
+            scale=scale,
+            enable_gqa=gqa,
         )  # [Hq, L, D]
         outs.append(o.transpose(0, 1))
     return torch.cat(outs)
@@ -213,8 +315,7 @@ def _decoder_layer(
     x: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    max_len: int,
+    layout: tuple,
     w: tuple,
     eps: float,
     n_heads: int,
@@ -241,7 +342,7 @@ def _decoder_layer(
     if torch.is_autocast_enabled(q.device.type):  # SDPA under autocast runs in the low-precision dtype too
         low = torch.get_autocast_dtype(q.device.type)
         q, k, v = q.to(low), k.to(low), v.to(low)
-    o = attend(q, k, v, cu_seqlens, max_len, head_dim**-0.5).reshape(n, n_heads * head_dim)  # [N, Hq*D]
+    o = attend(q, k, v, layout, head_dim**-0.5).reshape(n, n_heads * head_dim)  # [N, Hq*D]
     x = x + _linear(o, wo, bo)
     h = _norm(x, ln2, eps, fused)
     return x + _linear(_silu_mul(_linear(h, wg, None), _linear(h, wu, None), fused), wd, None)
@@ -328,13 +429,13 @@ def packed_hidden_states(model: torch.nn.Module, pb: PackedBatch, backend: str =
     cfg = model.config
     n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
+    layout = (pb.cu_seqlens, pb.cu_seqlens_k, pb.max_len, pb.max_len_k, pb.kv_index)
     if pb.input_ids.is_cuda:
         attend = _varlen_cuda
     else:
-        lengths = pb.lengths
 
-        def attend(q, k, v, cu, max_len, scale):
-            return _per_sequence_sdpa(q, k, v, lengths, scale)
+        def attend(q, k, v, layout, scale):
+            return _per_segment_sdpa(q, k, v, layout[4], pb.lengths, pb.lengths_k, scale)
 
     x = base.embed_tokens(pb.input_ids)  # [N, H_model]
     cos, sin = base.rotary_emb(x[None], pb.position_ids[None])  # [1, N, D] each
@@ -345,7 +446,7 @@ def packed_hidden_states(model: torch.nn.Module, pb: PackedBatch, backend: str =
     eps = base.layers[0].input_layernorm.variance_epsilon
     for layer in base.layers:
         w = _layer_tensors(layer)
-        x = layer_fn(x, cos, sin, pb.cu_seqlens, pb.max_len, w, eps, n_heads, n_kv, head_dim, attend, fused)
+        x = layer_fn(x, cos, sin, layout, w, eps, n_heads, n_kv, head_dim, attend, fused)
     return _rms_norm(x, base.norm.weight, base.norm.variance_epsilon)  # [N, H_model]
 
 
@@ -534,6 +635,7 @@ def score_packed(
     temperature: float,
     autocast,
     backend: str = "eager",
+    share_prompts: bool = True,
 ) -> list[torch.Tensor]:
     """Per-response token log-probs ([len_i] float32 views of one flat tensor on ``device``).
 
@@ -542,7 +644,7 @@ def score_packed(
     outs = []
     with torch.no_grad():
         for mb_idx in micro:
-            pb = pack([seqs[i] for i in mb_idx], device)
+            pb = pack([seqs[i] for i in mb_idx], device, share_prompts)
             with autocast():
                 outs.append(packed_token_logprobs(model, pb, temperature, backend=backend))  # [Nr_mb]
     order = [i for mb in micro for i in mb]
@@ -573,19 +675,21 @@ def update_packed(
     device: torch.device,
     autocast,
     backend: str = "eager",
+    share_prompts: bool = True,
 ) -> torch.Tensor:
     """Forward, loss and backward of one update's responses ``idx`` over packed micro-batches
     (gradients accumulate; the caller clips and steps). ``cfg`` supplies clip_low, clip_high,
     loss_aggregation, kl_coef and temperature. ``adv`` [P*G] is on the host; the entries of
     ``old_logp``/``ref_logp`` should be on ``device`` (host ones are copied). Entries of
-    ``old_logp`` that are None are taken from this pass (detached) and stored back.
+    ``old_logp`` that are None are taken from this pass (detached) and stored back. ``share_prompts``:
+    see ``pack`` (the trainer always shares; benchmarks time both layouts).
 
     Returns [8] float32 on the device: the loss, then the sums named by ``STAT_NAMES``. Nothing
     here waits for the device; the trainer reads every update's values once per collection."""
     update_tokens = float(sum(len(seqs[i].response_ids) for i in idx))
     stats, loss_total = None, torch.zeros((), device=device)
     for mb_idx in micro:
-        pb = pack([seqs[i] for i in mb_idx], device)
+        pb = pack([seqs[i] for i in mb_idx], device, share_prompts)
         with autocast():
             logp = packed_token_logprobs(model, pb, cfg.temperature, backend=backend)  # [Nr]
         if any(old_logp[i] is None for i in mb_idx):

@@ -51,6 +51,7 @@ from .packing import (
     logprobs_to_host,
     memory_token_budget,
     score_packed,
+    shared_prompt_tokens,
     supports_packed,
     token_budget_micro_batches,
     update_packed,
@@ -344,7 +345,10 @@ class Trainer:
         if self.packed_backend and cfg.micro_batch_size is None:
             if self._token_budget is None:  # sized on first use, once the engine holds its memory
                 self._token_budget = self._packed_token_budget(fixed=False)
-            local = token_budget_micro_batches([len(seqs[i]) for i in idx], self._token_budget)
+            chosen = [seqs[i] for i in idx]  # group-major: a group's shared prompt counts once
+            local = token_budget_micro_batches(
+                [len(s) for s in chosen], self._token_budget, shared_prompt_tokens(chosen)
+            )
             return [[idx[j] for j in mb] for mb in local]
         local = pack_micro_batches([len(seqs[i]) for i in idx], cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
         return [[idx[j] for j in mb] for mb in local]
