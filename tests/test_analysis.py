@@ -1293,6 +1293,8 @@ def test_trainer_path_is_read_from_records_that_predate_it(tmp_path):
     assert read(auto, collections)[0] == "packed"  # 30,000 tokens in one micro-batch: packed only
     assert read(auto, collections.clip(upper=8000)) == ("unknown", "trainer_path=auto, unrecorded")
     assert read({**auto, "trainer_path": "packed-liger"}, collections) == ("packed-liger", "recorded")
+    shared = {**auto, "trainer_path": "packed-liger", "packed_prompts": "shared"}
+    assert read(shared, collections) == ("packed-liger+shared-prompts", "recorded")
 
 
 def test_trainer_paths_of_the_committed_confirmation_runs(h200_mini):

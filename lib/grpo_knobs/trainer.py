@@ -560,6 +560,8 @@ class Trainer:
             "placements": self._placements(),
             "rollout_path": getattr(self.engine, "path", cfg.engine),
             "trainer_path": self.trainer_path,
+            # the packed paths lay a group's prompt out once (packing.pack); older records copied it per response
+            "packed_prompts": "shared" if self.packed_backend else None,
             "determinism": self._determinism_record(),
             "engine_version": getattr(self.engine, "server_version", None),
             "packages": package_versions(),

@@ -167,10 +167,13 @@ def _trainer_path(meta: dict, collections: pd.DataFrame) -> tuple[str, str]:
     than ``auto`` is the one that ran (one that cannot run stops the run before it starts); ``auto``
     then meant packed where the model allows it, else padded, and only the packed path's memory-sized
     micro-batches hold more tokens than ``max_tokens_per_micro_batch``, so an update that did is
-    packed. Otherwise the path is unknown.
+    packed. Otherwise the path is unknown. A packed path that laid a group's prompt out once
+    (``packed_prompts: shared``) reads ``<path>+shared-prompts``: it does less work per update than the
+    same path in records that predate the field, so their times are not pooled.
     """
     if meta.get("trainer_path"):
-        return meta["trainer_path"], "recorded"
+        shared = "+shared-prompts" if meta.get("packed_prompts") == "shared" else ""
+        return meta["trainer_path"] + shared, "recorded"
     cfg = meta["config"]
     asked = cfg.get("trainer_path")
     if asked is None:
