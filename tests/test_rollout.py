@@ -7,7 +7,7 @@ import pytest
 import torch
 from grpo_knobs.models import load_model
 from grpo_knobs.rollout import Generation, make_engine
-from grpo_knobs.rollout.hf import HFEngine, sample_tokens
+from grpo_knobs.rollout.hf import HFEngine, response_keys, sample_tokens
 
 # The tiny model lives on the CPU, where the fused kernels run in Triton's interpreter; a GPU host
 # compiles them instead (tests/test_kernels.py runs them there, benchmarks.rollout times them).
@@ -288,6 +288,108 @@ def test_dropping_finished_rows_samples_from_the_model(tiny, staggered):
     for i, (tokens, lps) in enumerate(zip(gen.token_ids, gen.logprobs)):
         expected = scored_logprobs(scorer, prompts[gen.prompt_index[i]], tokens, 0.5)
         torch.testing.assert_close(torch.tensor(lps), expected, atol=1e-4, rtol=1e-4)
+
+
+def prefill_calls(engine) -> list:
+    """Record each StaticDecoder.run call's (prompt rows prefilled, expand as a list or None)."""
+    calls, run = [], engine.decoder.run
+
+    def recorded(ids, mask, n_real, *args, **kwargs):
+        expand = args[5] if len(args) > 5 else kwargs.get("expand")  # after max_new_tokens ... keys
+        calls.append((ids.shape[0], None if expand is None else expand.tolist()))
+        return run(ids, mask, n_real, *args, **kwargs)
+
+    engine.decoder.run = recorded
+    return calls
+
+
+@pytest.mark.parametrize(
+    "fast, compact, temperature, keyed, ignore_eos, steps",
+    [
+        pytest.param(True, False, 0.0, False, False, 12, id="greedy"),
+        pytest.param(True, False, 0.3, False, False, 24, id="sampled"),
+        pytest.param(True, True, 0.3, False, False, 24, id="sampled-compacting"),
+        pytest.param(True, True, 0.3, True, False, 24, id="keyed-compacting"),
+        pytest.param(True, False, 0.3, True, True, 12, id="keyed-ignore-eos"),
+        # greedy: the interpreted kernels are slow, and greedy rows finish (and are dropped) within 12 steps
+        pytest.param(*FUSED.values, True, 0.0, True, False, 12, id="fused-compacting", marks=FUSED.marks),
+    ],
+)
+def test_shared_prefill_matches_a_prefill_per_row(
+    tiny, staggered, fast, compact, temperature, keyed, ignore_eos, steps
+):
+    """Each distinct prompt of a chunk is prefilled once and its cache, validity, position and last hidden
+    state copied to the rows that carry it; every row still draws its own noise. Tokens equal those of a
+    prefill per row; log-probs agree to float32 rounding, not bit for bit, because the prefill's matrix
+    products run over fewer rows and the CPU BLAS may round a row differently with the row count. Chunks
+    of 10 rows cut the groups of 3; the prompts' lengths differ (left padding)."""
+    model, tokenizer = tiny
+    prompts, state = staggered
+    kw = dict(n=3, max_new_tokens=steps, temperature=temperature, seed=5, ignore_eos=ignore_eos)
+    gens, calls, compactions = [], [], []
+    for share in (False, True):
+        engine = HFEngine(
+            model,
+            tokenizer,
+            fast=fast,
+            return_logprobs=True,
+            compact=compact,
+            keyed_sampling=keyed,
+            max_batch_size=10,
+        )
+        engine.decoder.check_every, engine.decoder.min_rows = 2, 1
+        engine.update_weights(state)
+        engine.share_prefill = share
+        calls.append(prefill_calls(engine))
+        gens.append(engine.generate(prompts, **kw))
+        compactions.append(engine.decoder.compactions)
+    per_row, shared = gens
+    assert calls[0] == [(10, None), (10, None), (4, None)]
+    assert calls[1] == [
+        (4, [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]),
+        (4, [0, 0, 1, 1, 1, 2, 2, 2, 3, 3]),
+        (2, [0, 1, 1, 1]),
+    ]
+    assert (compactions[1] > 0) == compact and compactions[0] == compactions[1]
+    if not ignore_eos:
+        assert len(set(shared.response_lengths)) > 2  # rows finished at different steps
+    assert shared.token_ids == per_row.token_ids and shared.finish_reasons == per_row.finish_reasons
+    assert shared.texts == per_row.texts
+    if temperature > 0:
+        assert len({tuple(t) for t in shared.token_ids[:3]}) > 1  # one prompt's rows sampled apart
+    for a, b in zip(shared.logprobs, per_row.logprobs):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)
+
+
+def test_decoder_expands_any_row_to_prompt_map(tiny, prompts):
+    """StaticDecoder.run with expand: rows map to the prompts in any order, filler rows past n_real included,
+    and decode as the same rows prefilled one by one."""
+    model, tokenizer = tiny
+    engine = HFEngine(model, tokenizer, fast=True, keyed_sampling=True)
+    order = [2, 0, 2, 1, 0, 1]  # decoder row -> prompt
+    keys = response_keys(9, len(order), 1)  # [6]
+    ids, mask = engine._pad([prompts[i] for i in order], 8)  # [8, P]; rows 6 and 7 repeat row 0
+    want = engine.decoder.run(ids, mask, 6, 10, 1.0, 0, False, keys)
+    ids, mask = engine._pad(prompts, 3)  # [3, P]
+    got = engine.decoder.run(ids, mask, 6, 10, 1.0, 0, False, keys, torch.tensor(order + [2, 2]))
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=0)
+    assert engine.decoder.done[6:8].all()  # filler rows stay finished
+
+
+def test_prompt_rows_merge_repeated_prompts(tiny, prompts):
+    """A chunk's distinct prompts by their tokens, in first-occurrence order, whichever prompt index repeats
+    them; without repeats every row is its own prompt."""
+    model, tokenizer = tiny
+    engine = HFEngine(model, tokenizer, fast=True)
+    a, b, _ = prompts
+    ids, mask, expand = engine._prompt_rows([b, a, b, list(a), b])
+    assert expand.tolist() == [0, 1, 0, 1, 0] and ids.shape[0] == 2
+    assert ids[0, mask[0]].tolist() == b and ids[1, mask[1]].tolist() == a
+    ids, mask, expand = engine._prompt_rows([a, b])
+    assert expand is None and ids.shape[0] == 2
+    engine.share_prefill = False
+    assert engine._prompt_rows([a, a])[2] is None
 
 
 @pytest.mark.parametrize("fast", [False, True, FUSED])

@@ -426,16 +426,21 @@ class StaticDecoder:
         seed: int,
         ignore_eos: bool,
         keys: torch.Tensor | None = None,
+        expand: torch.Tensor | None = None,
     ):
         """Decode left-padded prompts ids/mask [B, P] (rows past n_real are padding) -> tokens, log-probs.
 
         keys: [n_real] int64 response keys, which fix a keyed sampler's noise (``seed`` then goes unused);
         an unkeyed sampler draws from torch's stream seeded by ``seed``.
+        expand: [B] int64, each decoder row's prompt as a row of ids/mask, which then hold only the
+        distinct prompts [U, P]: each is prefilled once and its cache copied to the rows that carry it.
+        None: ids/mask hold every row's prompt.
         Returns CPU tensors [n_real, steps]; after a row's stop token its entries are pad and 0.
         """
-        B, P = ids.shape
+        U, P = ids.shape
+        B = U if expand is None else expand.shape[0]
         greedy = temperature == 0
-        self._allocate(B, _round_up(P + max_new_tokens, 256))
+        self._allocate(max(B, U), _round_up(P + max_new_tokens, 256))
         kv_lens = [_round_up(P + t + 1, self.block) for t in range(max_new_tokens - 1)]  # decode step t
         compact = self.compact and not ignore_eos
         widths = self._widths(B) if compact else [B]
@@ -453,23 +458,26 @@ class StaticDecoder:
         else:
             torch.manual_seed(seed)
 
-        # prefill: the whole prompt, in row chunks that bound the float32 [rows, heads, P, P] attention
-        # scores (and their softmax copies) to prefill_bytes; short prompts take one chunk, so the
+        # prefill: the whole prompt of rows :U, in row chunks that bound the float32 [rows, heads, P, P]
+        # attention scores (and their softmax copies) to prefill_bytes; short prompts take one chunk, so the
         # prefill's eager kernel launches are paid once per call, not once per few rows
         chunk = max(1, self.prefill_bytes // (4 * 4 * self.n_heads * P * P))
         self._reset(B)
         self.done[n_real:B] = True  # padding rows emit pad and do not hold up the early exit
-        self.valid[:B].zero_()
-        self.valid[:B, :P] = mask
-        pos = (mask.long().cumsum(-1) - 1).clamp_min(0)  # [B, P] positions restart after left padding
+        self.valid[: max(B, U)].zero_()
+        self.valid[:U, :P] = mask
+        pos = (mask.long().cumsum(-1) - 1).clamp_min(0)  # [U, P] positions restart after left padding
         hidden = torch.cat(
             [
-                self._forward(ids[r : r + chunk], pos[r : r + chunk], self.arange[:P], P, r, min(r + chunk, B))
-                for r in range(0, B, chunk)
+                self._forward(ids[r : r + chunk], pos[r : r + chunk], self.arange[:P], P, r, min(r + chunk, U))
+                for r in range(0, U, chunk)
             ]
-        )  # [B, H]
+        )  # [U, H]
+        last = mask.sum(-1) - 1  # [U] position of each prompt's last token
+        if expand is not None:
+            hidden, last = self._expand_prompts(expand, mask, hidden), last.index_select(0, expand)  # [B, H], [B]
         self._emit(hidden, B, greedy)  # step is now 1: decode step t writes slot P + t at position len + t
-        self.pos0[:B] = mask.sum(-1) - 1
+        self.pos0[:B] = last
         self.slot0.fill_(P - 1)
 
         # origin[i]: the input row that decoder row i carries (-1: a filler row); outputs of rows
@@ -494,6 +502,15 @@ class StaticDecoder:
                 width = narrower
         self._store_rows(origin, width, tokens, logprobs, steps)
         return tokens[:n_real, :steps].cpu(), logprobs[:n_real, :steps].cpu()
+
+    def _expand_prompts(self, expand, mask, hidden):
+        """Give decoder row i the prefill of prompt expand[i]: rows :U of the cache (prompt slots :P, every
+        layer) and validity hold the distinct prompts, hidden [U, H] their last hidden states. Returns [B, H]."""
+        U, P = mask.shape
+        self.valid[: expand.shape[0], :P] = mask.index_select(0, expand)  # [B, P]
+        for layer in range(self.kv.shape[0]):  # one layer at a time bounds the temporary copy
+            self.kv[layer, :, : expand.shape[0], :, :P] = self.kv[layer, :, :U, :, :P].index_select(1, expand)
+        return hidden.index_select(0, expand)  # [B, H]
 
     def _widths(self, B: int) -> list[int]:
         """Decoder widths compaction may shrink to: B, then powers of two down to min_rows."""
@@ -710,6 +727,9 @@ class HFEngine(RolloutEngine):
                     f"HFEngine falls back to {'the unfused static decoder' if fused else 'eager generate'}: {e}"
                 )
         self.fast = self.decoder is not None
+        # the static decoder prefills each distinct prompt of a chunk once and copies its cache to the
+        # prompt's n rows (off: every row prefills its own copy, which tests and benchmarks compare with)
+        self.share_prefill = True
         # which decode path runs: "fused", "fast" (static decoder) or "eager" (model.generate); run records keep it
         self.path = "eager" if self.decoder is None else "fused" if self.decoder.fused is not None else "fast"
 
@@ -738,6 +758,22 @@ class HFEngine(RolloutEngine):
             ids[i, width - len(r) :] = torch.tensor(r)
             mask[i, width - len(r) :] = True
         return ids.to(self.device), mask.to(self.device)
+
+    def _prompt_rows(self, chunk: list[list[int]]):
+        """One chunk's prompts as ``StaticDecoder.run`` takes them: ids, mask [U, P] and expand ([B] or None).
+
+        With share_prefill the U rows are the chunk's distinct prompts in first-occurrence order, and rows past
+        the chunk (graph bucket filler) carry its first prompt; when no prompt repeats, every row is its own.
+        """
+        B = self._bucket(len(chunk))
+        if self.share_prefill:
+            first: dict[tuple[int, ...], int] = {}
+            index = [first.setdefault(tuple(row), len(first)) for row in chunk]  # [len(chunk)]
+            if len(first) < B:
+                ids, mask = self._pad([list(row) for row in first], len(first))  # [U, P]
+                expand = torch.tensor(index + [0] * (B - len(chunk)), device=self.device)  # [B]
+                return ids, mask, expand
+        return *self._pad(chunk, B), None
 
     def _bucket(self, n: int) -> int:
         """Graph batch size for n rows: powers of two (capped), so capture happens for few sizes."""
@@ -788,9 +824,17 @@ class HFEngine(RolloutEngine):
                 chunk = rows[start : start + self.max_batch_size]
                 chunk_keys = keys[start : start + len(chunk)] if keyed else None
                 if self.fast:
-                    ids, mask = self._pad(chunk, self._bucket(len(chunk)))
+                    ids, mask, expand = self._prompt_rows(chunk)
                     tokens, lps = self.decoder.run(
-                        ids, mask, len(chunk), max_new_tokens, temperature, seed + 7919 * c, ignore_eos, chunk_keys
+                        ids,
+                        mask,
+                        len(chunk),
+                        max_new_tokens,
+                        temperature,
+                        seed + 7919 * c,
+                        ignore_eos,
+                        chunk_keys,
+                        expand,
                     )
                 else:
                     torch.manual_seed(seed + 7919 * c)
