@@ -10,15 +10,17 @@ captured graph per decode step removes that overhead while reading the same para
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 import warnings
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from ..runtime import without_deterministic_algorithms
-from .base import Generation, RolloutEngine, cut_at_stop, repeat_prompts
+from .base import Generation, RolloutEngine, cut_rows, decode_texts, repeat_prompts
 
 FAST_MODEL_TYPES = ("llama", "qwen2", "qwen3")  # decoder layers the static decoder re-implements around
 
@@ -659,6 +661,36 @@ def _seeded(seed: int, device: torch.device):
         yield
 
 
+def left_pad(rows: list[list[int]], batch: int, pad_id: int):
+    """Left-pad rows to one length: CPU tensors ids, mask [batch, P]; rows past len(rows) repeat row 0 (graph
+    batch buckets). All ids are converted at once, not a tensor per row."""
+    rows = rows + [rows[0]] * (batch - len(rows))
+    lengths = torch.tensor([len(r) for r in rows])  # [B]
+    width = int(lengths.max())
+    mask = torch.arange(width) >= width - lengths[:, None]  # [B, P]
+    ids = torch.full((batch, width), pad_id, dtype=torch.long)  # [B, P]
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lengths.sum()))  # [sum]
+    ids[mask] = torch.from_numpy(flat)  # the mask selects row after row; numpy reads a list faster than torch
+    return ids, mask
+
+
+def prompt_rows(chunk: list[list[int]], batch: int, pad_id: int, share: bool = True):
+    """A chunk's prompts as ``StaticDecoder.run`` takes them for ``batch`` decoder rows: CPU tensors ids,
+    mask [U, P] and expand ([batch] or None).
+
+    share: the U rows are the chunk's distinct prompts (by their tokens) in first-occurrence order, and rows
+    past the chunk (graph bucket filler) carry its first prompt. When no prompt repeats, or without share,
+    every decoder row is its own prompt row (expand None).
+    """
+    if share:
+        first: dict[tuple[int, ...], int] = {}
+        index = [first.setdefault(tuple(row), len(first)) for row in chunk]  # [len(chunk)]
+        if len(first) < batch:
+            ids, mask = left_pad([list(row) for row in first], len(first), pad_id)  # [U, P]
+            return ids, mask, torch.tensor(index + [0] * (batch - len(chunk)))  # [batch]
+    return *left_pad(chunk, batch, pad_id), None
+
+
 class HFEngine(RolloutEngine):
     """Generation from a private copy of a transformers causal LM (bf16 on CUDA, float32 on CPU).
 
@@ -749,31 +781,14 @@ class HFEngine(RolloutEngine):
             self.decoder.refresh_weights()
 
     def _pad(self, rows: list[list[int]], batch: int):
-        """Left-pad rows to one length; extra rows up to `batch` repeat row 0 (graph batch buckets)."""
-        rows = rows + [rows[0]] * (batch - len(rows))
-        width = max(len(r) for r in rows)
-        ids = torch.full((batch, width), self.pad_id, dtype=torch.long)  # [B, P]
-        mask = torch.zeros((batch, width), dtype=torch.bool)  # [B, P]
-        for i, r in enumerate(rows):
-            ids[i, width - len(r) :] = torch.tensor(r)
-            mask[i, width - len(r) :] = True
+        """``left_pad`` on the engine's device."""
+        ids, mask = left_pad(rows, batch, self.pad_id)  # [B, P]
         return ids.to(self.device), mask.to(self.device)
 
     def _prompt_rows(self, chunk: list[list[int]]):
-        """One chunk's prompts as ``StaticDecoder.run`` takes them: ids, mask [U, P] and expand ([B] or None).
-
-        With share_prefill the U rows are the chunk's distinct prompts in first-occurrence order, and rows past
-        the chunk (graph bucket filler) carry its first prompt; when no prompt repeats, every row is its own.
-        """
-        B = self._bucket(len(chunk))
-        if self.share_prefill:
-            first: dict[tuple[int, ...], int] = {}
-            index = [first.setdefault(tuple(row), len(first)) for row in chunk]  # [len(chunk)]
-            if len(first) < B:
-                ids, mask = self._pad([list(row) for row in first], len(first))  # [U, P]
-                expand = torch.tensor(index + [0] * (B - len(chunk)), device=self.device)  # [B]
-                return ids, mask, expand
-        return *self._pad(chunk, B), None
+        """``prompt_rows`` for one chunk at its graph bucket, on the engine's device."""
+        out = prompt_rows(chunk, self._bucket(len(chunk)), self.pad_id, self.share_prefill)
+        return tuple(t if t is None else t.to(self.device) for t in out)
 
     def _bucket(self, n: int) -> int:
         """Graph batch size for n rows: powers of two (capped), so capture happens for few sizes."""
@@ -839,13 +854,12 @@ class HFEngine(RolloutEngine):
                 else:
                     torch.manual_seed(seed + 7919 * c)
                     tokens, lps = self._eager_chunk(chunk, max_new_tokens, temperature, ignore_eos, chunk_keys)
-                for i, row in enumerate(tokens.tolist()):
-                    kept, reason = cut_at_stop(row, self.stop_ids)
-                    token_ids.append(kept)
-                    finish.append(reason)
-                    if logprobs is not None:
-                        logprobs.append(lps[i, : len(kept)].tolist())
-        texts = self.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
+                kept, reasons, kept_lps = cut_rows(tokens, lps if logprobs is not None else None, self.stop_ids)
+                token_ids += kept
+                finish += reasons
+                if logprobs is not None:
+                    logprobs += kept_lps
+        texts = decode_texts(self.tokenizer, token_ids)
         return Generation(
             prompt_index=prompt_index, token_ids=token_ids, texts=texts, finish_reasons=finish, logprobs=logprobs
         )
