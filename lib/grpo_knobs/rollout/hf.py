@@ -430,13 +430,13 @@ class StaticDecoder:
         keys: torch.Tensor | None = None,
         expand: torch.Tensor | None = None,
     ):
-        """Decode left-padded prompts ids/mask [B, P] (rows past n_real are padding) -> tokens, log-probs.
+        """Decode B rows of left-padded prompts (rows past n_real are padding) -> tokens, log-probs.
 
+        ids, mask: [B, P], a prompt per decoder row; or, with expand, [U, P], the distinct prompts.
         keys: [n_real] int64 response keys, which fix a keyed sampler's noise (``seed`` then goes unused);
         an unkeyed sampler draws from torch's stream seeded by ``seed``.
-        expand: [B] int64, each decoder row's prompt as a row of ids/mask, which then hold only the
-        distinct prompts [U, P]: each is prefilled once and its cache copied to the rows that carry it.
-        None: ids/mask hold every row's prompt.
+        expand: [B] int64, each decoder row's prompt as a row of ids/mask: each prompt is prefilled once
+        and its cache copied to the rows that carry it.
         Returns CPU tensors [n_real, steps]; after a row's stop token its entries are pad and 0.
         """
         U, P = ids.shape
