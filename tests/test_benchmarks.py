@@ -506,3 +506,16 @@ def test_collection_timeline_cpu(tmp_path):
     lines = proc.stdout.splitlines()
     assert lines[1].split() == ["span", "ms", "steps", "ms/step", "share"]
     assert [line.split()[0] for line in lines[2:4]] == ["prefill", "step"]
+
+
+def test_host_after_cpu(tmp_path):
+    """The host work before and after, on the tiny model's tokenizer: the pieces are timed once the two agree."""
+    result = tmp_path / "host.json"
+    args = ["--model", "tiny-random", "--prompts", "4", "--group", "3", "--steps", "16", "--mean-length", "9"]
+    proc = _bench("benchmarks.host_after", *args, "--reps", "2", "--json", str(result))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    saved = json.loads(result.read_text())
+    assert set(saved["ms"]) == {"before", "after"}
+    assert set(saved["ms"]["after"]) == {"prompt rows", "cut rows", "decode texts", "total"}
+    lines = proc.stdout.splitlines()
+    assert lines[1].split() == ["part", "before", "after", "ratio"] and lines[-2].split()[0] == "total"

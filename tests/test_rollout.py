@@ -6,8 +6,9 @@ import os
 import pytest
 import torch
 from grpo_knobs.models import load_model
-from grpo_knobs.rollout import Generation, make_engine
-from grpo_knobs.rollout.hf import HFEngine, sample_tokens
+from grpo_knobs.rollout import Generation, cut_at_stop, make_engine
+from grpo_knobs.rollout.base import cut_rows, decode_texts
+from grpo_knobs.rollout.hf import HFEngine, left_pad, response_keys, sample_tokens
 
 # The tiny model lives on the CPU, where the fused kernels run in Triton's interpreter; a GPU host
 # compiles them instead (tests/test_kernels.py runs them there, benchmarks.rollout times them).
@@ -288,6 +289,183 @@ def test_dropping_finished_rows_samples_from_the_model(tiny, staggered):
     for i, (tokens, lps) in enumerate(zip(gen.token_ids, gen.logprobs)):
         expected = scored_logprobs(scorer, prompts[gen.prompt_index[i]], tokens, 0.5)
         torch.testing.assert_close(torch.tensor(lps), expected, atol=1e-4, rtol=1e-4)
+
+
+def prefill_calls(engine) -> list:
+    """Record each StaticDecoder.run call's (prompt rows prefilled, expand as a list or None)."""
+    calls, run = [], engine.decoder.run
+
+    def recorded(ids, mask, n_real, *args, **kwargs):
+        expand = args[5] if len(args) > 5 else kwargs.get("expand")  # after max_new_tokens ... keys
+        calls.append((ids.shape[0], None if expand is None else expand.tolist()))
+        return run(ids, mask, n_real, *args, **kwargs)
+
+    engine.decoder.run = recorded
+    return calls
+
+
+def per_row_and_shared(model, tokenizer, prompts, state, kw: dict, **engine_kw):
+    """Generate with a prefill per row, then with shared prefills, in chunks of 10 rows that check for finished
+    rows every 2 steps; returns both Generations and, for each, its run calls and compactions."""
+    gens, calls, compactions = [], [], []
+    for share in (False, True):
+        engine = HFEngine(model, tokenizer, return_logprobs=True, max_batch_size=10, **engine_kw)
+        engine.decoder.check_every, engine.decoder.min_rows = 2, 1
+        engine.update_weights(state)
+        engine.share_prefill = share
+        calls.append(prefill_calls(engine))
+        gens.append(engine.generate(prompts, **kw))
+        compactions.append(engine.decoder.compactions)
+    return gens, calls, compactions
+
+
+# n = 3 in chunks of 10 rows: decoder rows -> distinct prompts of each chunk, groups cut at the chunk edges
+SHARED_CALLS = [(4, [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]), (4, [0, 0, 1, 1, 1, 2, 2, 2, 3, 3]), (2, [0, 1, 1, 1])]
+
+
+@pytest.mark.parametrize(
+    "fast, compact, temperature, keyed, ignore_eos, steps",
+    [
+        pytest.param(True, False, 0.0, False, False, 12, id="greedy"),
+        pytest.param(True, False, 0.3, False, False, 24, id="sampled"),
+        pytest.param(True, True, 0.3, False, False, 24, id="sampled-compacting"),
+        pytest.param(True, True, 0.3, True, False, 24, id="keyed-compacting"),
+        pytest.param(True, False, 0.3, True, True, 12, id="keyed-ignore-eos"),
+        # greedy: the interpreted kernels are slow, and greedy rows finish (and are dropped) within 12 steps
+        pytest.param(*FUSED.values, True, 0.0, True, False, 12, id="fused-compacting", marks=FUSED.marks),
+    ],
+)
+def test_shared_prefill_matches_a_prefill_per_row(
+    tiny, staggered, fast, compact, temperature, keyed, ignore_eos, steps
+):
+    """Each distinct prompt of a chunk is prefilled once and its cache, validity, position and last hidden
+    state copied to the rows that carry it; every row still draws its own noise. Tokens equal those of a
+    prefill per row; log-probs agree to float32 rounding, not bit for bit, because the prefill's matrix
+    products run over fewer rows and the CPU BLAS may round a row differently with the row count. Chunks
+    of 10 rows cut the groups of 3; the prompts' lengths differ (left padding)."""
+    model, tokenizer = tiny
+    prompts, state = staggered
+    kw = dict(n=3, max_new_tokens=steps, temperature=temperature, seed=5, ignore_eos=ignore_eos)
+    engine_kw = dict(fast=fast, compact=compact, keyed_sampling=keyed)
+    (per_row, shared), calls, compactions = per_row_and_shared(model, tokenizer, prompts, state, kw, **engine_kw)
+    assert calls == [[(10, None), (10, None), (4, None)], SHARED_CALLS]
+    assert (compactions[1] > 0) == compact and compactions[0] == compactions[1]
+    if not ignore_eos:
+        assert len(set(shared.response_lengths)) > 2  # rows finished at different steps
+    assert shared.token_ids == per_row.token_ids and shared.finish_reasons == per_row.finish_reasons
+    assert shared.texts == per_row.texts
+    if temperature > 0:
+        assert len({tuple(t) for t in shared.token_ids[:3]}) > 1  # one prompt's rows sampled apart
+    for a, b in zip(shared.logprobs, per_row.logprobs):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the shared prefill's CUDA path needs a GPU")
+@pytest.mark.parametrize("fast", [True, "fused"])
+def test_shared_prefill_matches_a_prefill_per_row_on_cuda(tiny, staggered, fast):
+    """As on CPU, in bf16 with CUDA graphs replayed and rows dropped as they finish: tokens equal, log-probs
+    to bf16 rounding (the prefill's matrix products may round a row differently with the row count)."""
+    model, tokenizer = tiny
+    prompts, state = staggered
+    for temperature in (0.0, 0.3):
+        kw = dict(n=3, max_new_tokens=24, temperature=temperature, seed=5)
+        engine_kw = dict(device="cuda", fast=fast, compact=True, keyed_sampling=True)
+        (per_row, shared), calls, _ = per_row_and_shared(model, tokenizer, prompts, state, kw, **engine_kw)
+        assert calls[1] == SHARED_CALLS
+        assert shared.token_ids == per_row.token_ids and shared.finish_reasons == per_row.finish_reasons
+        for a, b in zip(shared.logprobs, per_row.logprobs):
+            torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-3, rtol=1e-3)
+
+
+def test_decoder_expands_any_row_to_prompt_map(tiny, prompts):
+    """StaticDecoder.run with expand: rows map to the prompts in any order, filler rows past n_real included,
+    and decode as the same rows prefilled one by one."""
+    model, tokenizer = tiny
+    engine = HFEngine(model, tokenizer, fast=True, keyed_sampling=True)
+    order = [2, 0, 2, 1, 0, 1]  # decoder row -> prompt
+    keys = response_keys(9, len(order), 1)  # [6]
+    ids, mask = engine._pad([prompts[i] for i in order], 8)  # [8, P]; rows 6 and 7 repeat row 0
+    want = engine.decoder.run(ids, mask, 6, 10, 1.0, 0, False, keys)
+    ids, mask = engine._pad(prompts, 3)  # [3, P]
+    got = engine.decoder.run(ids, mask, 6, 10, 1.0, 0, False, keys, torch.tensor(order + [2, 2]))
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=0)
+    assert engine.decoder.done[6:8].all()  # filler rows stay finished
+
+
+def test_prompt_rows_merge_repeated_prompts(tiny, prompts):
+    """A chunk's distinct prompts by their tokens, in first-occurrence order, whichever prompt index repeats
+    them; without repeats every row is its own prompt."""
+    model, tokenizer = tiny
+    engine = HFEngine(model, tokenizer, fast=True)
+    a, b, _ = prompts
+    ids, mask, expand = engine._prompt_rows([b, a, b, list(a), b])
+    assert expand.tolist() == [0, 1, 0, 1, 0] and ids.shape[0] == 2
+    assert ids[0, mask[0]].tolist() == b and ids[1, mask[1]].tolist() == a
+    ids, mask, expand = engine._prompt_rows([a, b])
+    assert expand is None and ids.shape[0] == 2
+    engine.share_prefill = False
+    assert engine._prompt_rows([a, a])[2] is None
+
+
+def test_left_pad(prompts):
+    """Rows end at the right edge behind pad; rows past the given ones repeat the first."""
+    ids, mask = left_pad(prompts, 5, pad_id=-1)
+    width = max(map(len, prompts))
+    assert ids.shape == mask.shape == (5, width)
+    for row, tokens in zip(range(5), prompts + prompts[:1] * 2):
+        gap = width - len(tokens)
+        assert ids[row].tolist() == [-1] * gap + tokens
+        assert mask[row].tolist() == [False] * gap + [True] * len(tokens)
+
+
+def test_cut_rows_is_cut_at_stop_per_row():
+    """Stop tokens anywhere (first column, last column, twice, none, pad equal to a stop id after it): each
+    row ends at its first stop token, kept, with finish "stop", or runs to the cap with "length"; log-probs
+    are cut to the same length."""
+    stop_ids = {0, 7}
+    rows = [
+        [0, 0, 0, 0, 0, 0],
+        [3, 4, 5, 6, 8, 9],
+        [3, 4, 5, 6, 8, 7],
+        [3, 7, 5, 0, 0, 0],
+        [3, 4, 0, 7, 0, 0],
+        [9, 9, 9, 9, 9, 9],
+    ]
+    g = torch.Generator().manual_seed(0)
+    rows += torch.randint(0, 12, (40, 6), generator=g).tolist()
+    tokens = torch.tensor(rows)  # [R, S]
+    logprobs = -torch.rand(tokens.shape, generator=g)  # [R, S]
+    token_ids, finish, lps = cut_rows(tokens, logprobs, stop_ids)
+    expected = [cut_at_stop(row, stop_ids) for row in rows]
+    assert token_ids == [kept for kept, _ in expected] and finish == [reason for _, reason in expected]
+    assert finish[:6] == ["stop", "length", "stop", "stop", "stop", "length"]
+    assert token_ids[0] == [0] and token_ids[3] == [3, 7] and token_ids[2] == rows[2]
+    assert lps == [logprobs[i, : len(kept)].tolist() for i, kept in enumerate(token_ids)]
+    assert cut_rows(tokens, None, stop_ids)[2] is None
+
+
+def test_decode_texts_is_batch_decode(tiny, prompts):
+    """The direct Rust decode gives batch_decode's texts (special tokens skipped); a tokenizer that decodes
+    its own way, or cleans up spaces, goes through batch_decode."""
+    _, tokenizer = tiny
+    eos = tokenizer.eos_token_id
+    rows = [p + [eos] for p in prompts] + [[eos], prompts[0][:1], tokenizer("  spaced , out !").input_ids]
+    assert decode_texts(tokenizer, rows) == tokenizer.batch_decode(rows, skip_special_tokens=True)
+    assert not decode_texts(tokenizer, rows)[0].endswith(tokenizer.eos_token)
+
+    class Shouting(type(tokenizer)):
+        def _decode(self, token_ids, **kwargs):
+            return super()._decode(token_ids, **kwargs).upper()
+
+    shouting = copy.copy(tokenizer)
+    shouting.__class__ = Shouting
+    assert decode_texts(shouting, rows) == [t.upper() for t in decode_texts(tokenizer, rows)]
+    cleaning = copy.copy(tokenizer)
+    cleaning.clean_up_tokenization_spaces = True
+    cleaning.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output = True
+    assert decode_texts(cleaning, rows) == cleaning.batch_decode(rows, skip_special_tokens=True)
+    assert decode_texts(cleaning, rows) != decode_texts(tokenizer, rows)
 
 
 @pytest.mark.parametrize("fast", [False, True, FUSED])

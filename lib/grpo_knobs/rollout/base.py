@@ -10,6 +10,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import torch
+
 
 @dataclass
 class Generation:
@@ -36,6 +38,47 @@ def cut_at_stop(tokens: list[int], stop_ids: set[int]) -> tuple[list[int], str]:
         if t in stop_ids:
             return tokens[: i + 1], "stop"
     return tokens, "length"
+
+
+def cut_rows(
+    tokens: torch.Tensor, logprobs: torch.Tensor | None, stop_ids: set[int]
+) -> tuple[list[list[int]], list[str], list[list[float]] | None]:
+    """``cut_at_stop`` for every row of CPU tensors tokens [R, S] at once, log-probs [R, S] cut alike:
+    (token_ids, finish reasons, log-probs). The stop positions come from tensor operations and each output
+    goes to Python in one ``tolist``, instead of a Python pass over every token and a conversion per row."""
+    R, S = tokens.shape
+    stop = torch.isin(tokens, torch.tensor(sorted(stop_ids), dtype=tokens.dtype))  # [R, S]
+    stopped = stop.any(1)  # [R]
+    lengths = torch.where(stopped, stop.byte().argmax(1) + 1, S)  # [R] argmax: the first stop token
+    kept = (torch.arange(S) < lengths[:, None]).numpy()  # [R, S]
+    ends = lengths.cumsum(0).tolist()
+    starts = [0, *ends[:-1]]
+
+    def split(values: torch.Tensor) -> list[list]:
+        flat = values.numpy()[kept].tolist()  # [sum(lengths)] row after row; numpy selects faster than torch
+        return [flat[a:b] for a, b in zip(starts, ends)]
+
+    finish = ["stop" if s else "length" for s in stopped.tolist()]
+    return split(tokens), finish, None if logprobs is None else split(logprobs)
+
+
+def decode_texts(tokenizer, token_ids: list[list[int]]) -> list[str]:
+    """``tokenizer.batch_decode(token_ids, skip_special_tokens=True)``: by the Rust tokenizer row by row where
+    that is all batch_decode would do (a fast tokenizer whose decoding no subclass changes, with no clean-up of
+    spaces), since batch_decode first walks every id in Python and calls ``_decode`` per row, most of its time
+    for a collection's responses. One row at a time: once the Rust batch decode has used the tokenizers'
+    thread pool, every later fork of the process warns and turns the pool off (unless TOKENIZERS_PARALLELISM
+    is set)."""
+    from transformers import PreTrainedTokenizerFast
+
+    plain = isinstance(tokenizer, PreTrainedTokenizerFast) and all(
+        getattr(type(tokenizer), m) is getattr(PreTrainedTokenizerFast, m)
+        for m in ("batch_decode", "decode", "_decode")
+    )
+    if not plain or tokenizer.clean_up_tokenization_spaces:
+        return tokenizer.batch_decode(token_ids, skip_special_tokens=True)
+    decode = tokenizer.backend_tokenizer.decode
+    return [decode(ids, skip_special_tokens=True) for ids in token_ids]
 
 
 def repeat_prompts(prompt_ids: list[list[int]], n: int) -> tuple[list[list[int]], list[int]]:

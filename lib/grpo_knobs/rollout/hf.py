@@ -10,15 +10,17 @@ captured graph per decode step removes that overhead while reading the same para
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 import warnings
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from ..runtime import without_deterministic_algorithms
-from .base import Generation, RolloutEngine, cut_at_stop, repeat_prompts
+from .base import Generation, RolloutEngine, cut_rows, decode_texts, repeat_prompts
 
 FAST_MODEL_TYPES = ("llama", "qwen2", "qwen3")  # decoder layers the static decoder re-implements around
 
@@ -426,16 +428,21 @@ class StaticDecoder:
         seed: int,
         ignore_eos: bool,
         keys: torch.Tensor | None = None,
+        expand: torch.Tensor | None = None,
     ):
-        """Decode left-padded prompts ids/mask [B, P] (rows past n_real are padding) -> tokens, log-probs.
+        """Decode B rows of left-padded prompts (rows past n_real are padding) -> tokens, log-probs.
 
+        ids, mask: [B, P], a prompt per decoder row; or, with expand, [U, P], the distinct prompts.
         keys: [n_real] int64 response keys, which fix a keyed sampler's noise (``seed`` then goes unused);
         an unkeyed sampler draws from torch's stream seeded by ``seed``.
+        expand: [B] int64, each decoder row's prompt as a row of ids/mask: each prompt is prefilled once
+        and its cache copied to the rows that carry it.
         Returns CPU tensors [n_real, steps]; after a row's stop token its entries are pad and 0.
         """
-        B, P = ids.shape
+        U, P = ids.shape
+        B = U if expand is None else expand.shape[0]
         greedy = temperature == 0
-        self._allocate(B, _round_up(P + max_new_tokens, 256))
+        self._allocate(max(B, U), _round_up(P + max_new_tokens, 256))
         kv_lens = [_round_up(P + t + 1, self.block) for t in range(max_new_tokens - 1)]  # decode step t
         compact = self.compact and not ignore_eos
         widths = self._widths(B) if compact else [B]
@@ -453,23 +460,26 @@ class StaticDecoder:
         else:
             torch.manual_seed(seed)
 
-        # prefill: the whole prompt, in row chunks that bound the float32 [rows, heads, P, P] attention
-        # scores (and their softmax copies) to prefill_bytes; short prompts take one chunk, so the
+        # prefill: the whole prompt of rows :U, in row chunks that bound the float32 [rows, heads, P, P]
+        # attention scores (and their softmax copies) to prefill_bytes; short prompts take one chunk, so the
         # prefill's eager kernel launches are paid once per call, not once per few rows
         chunk = max(1, self.prefill_bytes // (4 * 4 * self.n_heads * P * P))
         self._reset(B)
         self.done[n_real:B] = True  # padding rows emit pad and do not hold up the early exit
-        self.valid[:B].zero_()
-        self.valid[:B, :P] = mask
-        pos = (mask.long().cumsum(-1) - 1).clamp_min(0)  # [B, P] positions restart after left padding
+        self.valid[: max(B, U)].zero_()
+        self.valid[:U, :P] = mask
+        pos = (mask.long().cumsum(-1) - 1).clamp_min(0)  # [U, P] positions restart after left padding
         hidden = torch.cat(
             [
-                self._forward(ids[r : r + chunk], pos[r : r + chunk], self.arange[:P], P, r, min(r + chunk, B))
-                for r in range(0, B, chunk)
+                self._forward(ids[r : r + chunk], pos[r : r + chunk], self.arange[:P], P, r, min(r + chunk, U))
+                for r in range(0, U, chunk)
             ]
-        )  # [B, H]
+        )  # [U, H]
+        last = mask.sum(-1) - 1  # [U] position of each prompt's last token
+        if expand is not None:
+            hidden, last = self._expand_prompts(expand, mask, hidden), last.index_select(0, expand)  # [B, H], [B]
         self._emit(hidden, B, greedy)  # step is now 1: decode step t writes slot P + t at position len + t
-        self.pos0[:B] = mask.sum(-1) - 1
+        self.pos0[:B] = last
         self.slot0.fill_(P - 1)
 
         # origin[i]: the input row that decoder row i carries (-1: a filler row); outputs of rows
@@ -494,6 +504,15 @@ class StaticDecoder:
                 width = narrower
         self._store_rows(origin, width, tokens, logprobs, steps)
         return tokens[:n_real, :steps].cpu(), logprobs[:n_real, :steps].cpu()
+
+    def _expand_prompts(self, expand, mask, hidden):
+        """Give decoder row i the prefill of prompt expand[i]: rows :U of the cache (prompt slots :P, every
+        layer) and validity hold the distinct prompts, hidden [U, H] their last hidden states. Returns [B, H]."""
+        U, P = mask.shape
+        self.valid[: expand.shape[0], :P] = mask.index_select(0, expand)  # [B, P]
+        for layer in range(self.kv.shape[0]):  # one layer at a time bounds the temporary copy
+            self.kv[layer, :, : expand.shape[0], :, :P] = self.kv[layer, :, :U, :, :P].index_select(1, expand)
+        return hidden.index_select(0, expand)  # [B, H]
 
     def _widths(self, B: int) -> list[int]:
         """Decoder widths compaction may shrink to: B, then powers of two down to min_rows."""
@@ -642,6 +661,36 @@ def _seeded(seed: int, device: torch.device):
         yield
 
 
+def left_pad(rows: list[list[int]], batch: int, pad_id: int):
+    """Left-pad rows to one length: CPU tensors ids, mask [batch, P]; rows past len(rows) repeat row 0 (graph
+    batch buckets). All ids are converted at once, not a tensor per row."""
+    rows = rows + [rows[0]] * (batch - len(rows))
+    lengths = torch.tensor([len(r) for r in rows])  # [B]
+    width = int(lengths.max())
+    mask = torch.arange(width) >= width - lengths[:, None]  # [B, P]
+    ids = torch.full((batch, width), pad_id, dtype=torch.long)  # [B, P]
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lengths.sum()))  # [sum]
+    ids[mask] = torch.from_numpy(flat)  # the mask selects row after row; numpy reads a list faster than torch
+    return ids, mask
+
+
+def prompt_rows(chunk: list[list[int]], batch: int, pad_id: int, share: bool = True):
+    """A chunk's prompts as ``StaticDecoder.run`` takes them for ``batch`` decoder rows: CPU tensors ids,
+    mask [U, P] and expand ([batch] or None).
+
+    share: the U rows are the chunk's distinct prompts (by their tokens) in first-occurrence order, and rows
+    past the chunk (graph bucket filler) carry its first prompt. When no prompt repeats, or without share,
+    every decoder row is its own prompt row (expand None).
+    """
+    if share:
+        first: dict[tuple[int, ...], int] = {}
+        index = [first.setdefault(tuple(row), len(first)) for row in chunk]  # [len(chunk)]
+        if len(first) < batch:
+            ids, mask = left_pad([list(row) for row in first], len(first), pad_id)  # [U, P]
+            return ids, mask, torch.tensor(index + [0] * (batch - len(chunk)))  # [batch]
+    return *left_pad(chunk, batch, pad_id), None
+
+
 class HFEngine(RolloutEngine):
     """Generation from a private copy of a transformers causal LM (bf16 on CUDA, float32 on CPU).
 
@@ -710,6 +759,9 @@ class HFEngine(RolloutEngine):
                     f"HFEngine falls back to {'the unfused static decoder' if fused else 'eager generate'}: {e}"
                 )
         self.fast = self.decoder is not None
+        # the static decoder prefills each distinct prompt of a chunk once and copies its cache to the
+        # prompt's n rows (off: every row prefills its own copy, which tests and benchmarks compare with)
+        self.share_prefill = True
         # which decode path runs: "fused", "fast" (static decoder) or "eager" (model.generate); run records keep it
         self.path = "eager" if self.decoder is None else "fused" if self.decoder.fused is not None else "fast"
 
@@ -729,15 +781,14 @@ class HFEngine(RolloutEngine):
             self.decoder.refresh_weights()
 
     def _pad(self, rows: list[list[int]], batch: int):
-        """Left-pad rows to one length; extra rows up to `batch` repeat row 0 (graph batch buckets)."""
-        rows = rows + [rows[0]] * (batch - len(rows))
-        width = max(len(r) for r in rows)
-        ids = torch.full((batch, width), self.pad_id, dtype=torch.long)  # [B, P]
-        mask = torch.zeros((batch, width), dtype=torch.bool)  # [B, P]
-        for i, r in enumerate(rows):
-            ids[i, width - len(r) :] = torch.tensor(r)
-            mask[i, width - len(r) :] = True
+        """``left_pad`` on the engine's device."""
+        ids, mask = left_pad(rows, batch, self.pad_id)  # [B, P]
         return ids.to(self.device), mask.to(self.device)
+
+    def _prompt_rows(self, chunk: list[list[int]]):
+        """``prompt_rows`` for one chunk at its graph bucket, on the engine's device."""
+        out = prompt_rows(chunk, self._bucket(len(chunk)), self.pad_id, self.share_prefill)
+        return tuple(t if t is None else t.to(self.device) for t in out)
 
     def _bucket(self, n: int) -> int:
         """Graph batch size for n rows: powers of two (capped), so capture happens for few sizes."""
@@ -788,20 +839,27 @@ class HFEngine(RolloutEngine):
                 chunk = rows[start : start + self.max_batch_size]
                 chunk_keys = keys[start : start + len(chunk)] if keyed else None
                 if self.fast:
-                    ids, mask = self._pad(chunk, self._bucket(len(chunk)))
+                    ids, mask, expand = self._prompt_rows(chunk)
                     tokens, lps = self.decoder.run(
-                        ids, mask, len(chunk), max_new_tokens, temperature, seed + 7919 * c, ignore_eos, chunk_keys
+                        ids,
+                        mask,
+                        len(chunk),
+                        max_new_tokens,
+                        temperature,
+                        seed + 7919 * c,
+                        ignore_eos,
+                        chunk_keys,
+                        expand,
                     )
                 else:
                     torch.manual_seed(seed + 7919 * c)
                     tokens, lps = self._eager_chunk(chunk, max_new_tokens, temperature, ignore_eos, chunk_keys)
-                for i, row in enumerate(tokens.tolist()):
-                    kept, reason = cut_at_stop(row, self.stop_ids)
-                    token_ids.append(kept)
-                    finish.append(reason)
-                    if logprobs is not None:
-                        logprobs.append(lps[i, : len(kept)].tolist())
-        texts = self.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
+                kept, reasons, kept_lps = cut_rows(tokens, lps if logprobs is not None else None, self.stop_ids)
+                token_ids += kept
+                finish += reasons
+                if logprobs is not None:
+                    logprobs += kept_lps
+        texts = decode_texts(self.tokenizer, token_ids)
         return Generation(
             prompt_index=prompt_index, token_ids=token_ids, texts=texts, finish_reasons=finish, logprobs=logprobs
         )

@@ -1,0 +1,155 @@
+"""The host work of a collection outside the decoder, before and after: padding the prompts into the decoder's
+rows, and from its [rows, steps] token and log-prob tensors to a Generation's per-row lists and texts.
+
+``benchmarks.collection_timeline`` counts 49 ms of a 584 ms collection on the H200 host as host work after
+decoding (its wall time outside ``StaticDecoder.run``, so the prompt padding before it too; 64 prompts x 8,
+mean length 133). Here each piece runs on CPU tensors shaped like such a collection: the task's prompts, each
+repeated ``group`` times; response tokens cut from those prompts (special tokens left out), a fraction of rows
+at the length cap and the others ending in a stop token at lengths drawn around the mean, pad and zero
+log-probs after it. The previous code (a tensor per prompt row; a Python pass per response: ``tolist``,
+``cut_at_stop``, a log-prob slice; ``batch_decode``) is timed against ``prompt_rows``, ``cut_rows`` and
+``decode_texts``, after checking that the responses' lists and texts are the same.
+
+    python -m benchmarks.host_after --prompts 64 --group 8 --steps 256 --mean-length 133
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from grpo_knobs.data import load_split
+from grpo_knobs.evaluation import encode_prompts
+from grpo_knobs.models import load_model
+from grpo_knobs.rollout.base import cut_at_stop, cut_rows, decode_texts, repeat_prompts
+from grpo_knobs.rollout.hf import prompt_rows
+
+
+def synthetic_outputs(tokenizer, pad: int, prompts, steps: int, mean_length: float, capped: float, seed: int):
+    """(tokens [rows, steps], log-probs [rows, steps], stop ids) as ``StaticDecoder.run`` returns them."""
+    rows = len(prompts)
+    stop_ids = {tokenizer.eos_token_id}
+    special = set(tokenizer.all_special_ids) | stop_ids
+    pool = torch.tensor([t for p in prompts for t in p if t not in special])  # [tokens]
+    g = torch.Generator().manual_seed(seed)
+    # lengths: `capped` of the rows run to the cap; the others stop (the stop token counted) at an exponential
+    # length whose mean brings the whole to mean_length
+    at_cap = torch.rand(rows, generator=g) < capped  # [rows]
+    rest_mean = max((mean_length - capped * steps) / max(1 - capped, 1e-9), 1.0)
+    drawn = torch.empty(rows).exponential_(1 / rest_mean, generator=g).ceil().clamp(1, steps - 1).long()  # [rows]
+    lengths = torch.where(at_cap, steps, drawn)  # [rows]
+    starts = torch.randint(0, len(pool) - steps, (rows,), generator=g)  # [rows]
+    tokens = pool[starts[:, None] + torch.arange(steps)]  # [rows, steps]
+    col = torch.arange(steps)[None]  # [1, steps]
+    tokens = torch.where(col < lengths[:, None], tokens, pad)  # [rows, steps]
+    stopped = ~at_cap
+    tokens[stopped, lengths[stopped] - 1] = tokenizer.eos_token_id
+    logprobs = -torch.rand(rows, steps, generator=g) * (col < lengths[:, None])  # [rows, steps]
+    return tokens, logprobs, stop_ids
+
+
+def pad_per_row(rows: list[list[int]], pad_id: int):
+    """The prompt padding as ``HFEngine._pad`` did it before ``left_pad``: a tensor per row, every row prefilled."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # [B, P]
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)  # [B, P]
+    for i, r in enumerate(rows):
+        ids[i, width - len(r) :] = torch.tensor(r)
+        mask[i, width - len(r) :] = True
+    return ids, mask
+
+
+def before(rows, tokens, logprobs, stop_ids, tokenizer, pad: int):
+    """The host work as ``HFEngine.generate`` did it before ``prompt_rows``, ``cut_rows`` and ``decode_texts``.
+    Returns the padded prompts, the Generation's lists and texts, and perf_counter after the first two pieces."""
+    ids, mask = pad_per_row(rows, pad)
+    padded = time.perf_counter()
+    token_ids, finish, lps = [], [], []
+    for i, row in enumerate(tokens.tolist()):
+        kept, reason = cut_at_stop(row, stop_ids)
+        token_ids.append(kept)
+        finish.append(reason)
+        lps.append(logprobs[i, : len(kept)].tolist())
+    cut = time.perf_counter()
+    texts = tokenizer.batch_decode(token_ids, skip_special_tokens=True)
+    return (ids, mask), (token_ids, finish, lps, texts), (padded, cut)
+
+
+def after(rows, tokens, logprobs, stop_ids, tokenizer, pad: int):
+    ids, mask, expand = prompt_rows(rows, len(rows), pad)  # [U, P], [U, P], [B]
+    padded = time.perf_counter()
+    token_ids, finish, lps = cut_rows(tokens, logprobs, stop_ids)
+    cut = time.perf_counter()
+    return (ids[expand], mask[expand]), (token_ids, finish, lps, decode_texts(tokenizer, token_ids)), (padded, cut)
+
+
+def timed(fn, reps: int, *args) -> dict[str, float]:
+    """Median milliseconds over reps calls of each piece, and of the three together."""
+    parts = {"prompt rows": [], "cut rows": [], "decode texts": [], "total": []}
+    for _ in range(reps):
+        start = time.perf_counter()
+        *_, (padded, cut) = fn(*args)
+        end = time.perf_counter()
+        parts["prompt rows"].append(padded - start)
+        parts["cut rows"].append(cut - padded)
+        parts["decode texts"].append(end - cut)
+        parts["total"].append(end - start)
+    return {k: statistics.median(v) * 1e3 for k, v in parts.items()}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="its tokenizer decodes the texts")
+    ap.add_argument("--task", default="countdown-2x10", help="whose prompts the response tokens are cut from")
+    ap.add_argument("--prompts", type=int, default=64, help="prompts per collection (P)")
+    ap.add_argument("--group", type=int, default=8, help="samples per prompt (G)")
+    ap.add_argument("--steps", type=int, default=256, help="decode steps (the length cap)")
+    ap.add_argument("--mean-length", type=float, default=133)
+    ap.add_argument("--capped", type=float, default=1 / 3, help="fraction of rows that reach the cap")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    _, tokenizer, info = load_model(args.model, device="cpu")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    rows, _ = repeat_prompts(encode_prompts(load_split(args.task, "train")[: args.prompts], tokenizer), args.group)
+    tokens, logprobs, stop_ids = synthetic_outputs(
+        tokenizer, pad, rows, args.steps, args.mean_length, args.capped, args.seed
+    )
+    work = (rows, tokens, logprobs, stop_ids, tokenizer, pad)
+    old_prompts, old, _ = before(*work)
+    new_prompts, new, _ = after(*work)
+    if not all(torch.equal(a, b) for a, b in zip(old_prompts, new_prompts)) or old != new:
+        raise SystemExit("the new host work gives other prompt rows, lists or texts than the old")
+    lengths = [len(t) for t in new[0]]
+    ms = {
+        "before": timed(before, args.reps, *work),
+        "after": timed(after, args.reps, *work),
+    }
+    print(
+        f"{args.prompts} prompts x {args.group}, {args.steps} steps, mean length {sum(lengths) / len(lengths):.0f}, "
+        f"{new[1].count('length')} at the cap; {info.name}'s tokenizer; median of {args.reps}, ms"
+    )
+    print(f"{'part':<14} {'before':>8} {'after':>8} {'ratio':>7}")
+    for part in ms["before"]:
+        b, a = ms["before"][part], ms["after"][part]
+        print(f"{part:<14} {b:8.2f} {a:8.2f} {b / a:6.1f}x")
+    result = {
+        "settings": vars(args) | {"json": str(args.json)},
+        "ms": ms,
+        "response_length_mean": sum(lengths) / len(lengths),
+        "at_cap": new[1].count("length"),
+    }
+    if args.json:
+        args.json.write_text(json.dumps(result))
+        print(f"wrote {args.json}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
