@@ -7,7 +7,7 @@ import pytest
 import torch
 from grpo_knobs.models import load_model
 from grpo_knobs.rollout import Generation, cut_at_stop, make_engine
-from grpo_knobs.rollout.base import cut_rows, decode_texts
+from grpo_knobs.rollout.base import cleans_up_spaces, cut_rows, decode_texts
 from grpo_knobs.rollout.hf import HFEngine, left_pad, response_keys, sample_tokens
 
 # The tiny model lives on the CPU, where the fused kernels run in Triton's interpreter; a GPU host
@@ -466,6 +466,12 @@ def test_decode_texts_is_batch_decode(tiny, prompts):
     cleaning.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output = True
     assert decode_texts(cleaning, rows) == cleaning.batch_decode(rows, skip_special_tokens=True)
     assert decode_texts(cleaning, rows) != decode_texts(tokenizer, rows)
+    # asked to clean up, a BPE tokenizer does not (transformers 5): the direct decode stays exact
+    asked = copy.copy(tokenizer)
+    asked.clean_up_tokenization_spaces = True
+    asked.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output = False
+    assert type(asked.backend_tokenizer.model).__name__ == "BPE" and not cleans_up_spaces(asked)
+    assert decode_texts(asked, rows) == asked.batch_decode(rows, skip_special_tokens=True)
 
 
 @pytest.mark.parametrize("fast", [False, True, FUSED])

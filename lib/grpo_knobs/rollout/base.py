@@ -75,10 +75,20 @@ def decode_texts(tokenizer, token_ids: list[list[int]]) -> list[str]:
         getattr(type(tokenizer), m) is getattr(PreTrainedTokenizerFast, m)
         for m in ("batch_decode", "decode", "_decode")
     )
-    if not plain or tokenizer.clean_up_tokenization_spaces:
+    if not plain or cleans_up_spaces(tokenizer):
         return tokenizer.batch_decode(token_ids, skip_special_tokens=True)
     decode = tokenizer.backend_tokenizer.decode
     return [decode(ids, skip_special_tokens=True) for ids in token_ids]
+
+
+def cleans_up_spaces(tokenizer) -> bool:
+    """Whether ``_decode`` cleans up spaces. transformers 5 skips the clean-up for a BPE tokenizer (it would
+    strip real spaces before punctuation) unless ``clean_up_tokenization_spaces_for_bpe_even_though_it_will_
+    corrupt_output`` forces it; earlier versions, which lack that attribute, clean up whenever asked."""
+    if not tokenizer.clean_up_tokenization_spaces:
+        return False
+    force = getattr(tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", None)
+    return force is None or force or type(tokenizer.backend_tokenizer.model).__name__ != "BPE"
 
 
 def repeat_prompts(prompt_ids: list[list[int]], n: int) -> tuple[list[list[int]], list[int]]:
