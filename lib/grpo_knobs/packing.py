@@ -142,60 +142,71 @@ def shared_prompt_tokens(seqs: list[Sequence]) -> list[int]:
     ]
 
 
+def _prompt_groups(seqs: list[Sequence], share_prompts: bool) -> list[list[int]]:
+    """Runs of consecutive sequences with one prompt (each its own run without ``share_prompts``)."""
+    groups: list[list[int]] = []
+    for i, n in enumerate(shared_prompt_tokens(seqs) if share_prompts else [0] * len(seqs)):
+        if n and groups:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+class _Layout:
+    """The host-side pieces of a ``PackedBatch``, one group at a time (numpy arrays, concatenated once)."""
+
+    def __init__(self):
+        self.ids, self.pos, self.keys, self.predict = [], [], [], []
+        self.q_len: list[int] = []
+        self.k_len: list[int] = []
+        self.end = 0  # flat position after the last token laid out
+
+    def segment(self, tokens: np.ndarray, positions: np.ndarray, keys: np.ndarray) -> None:
+        self.ids.append(tokens)
+        self.pos.append(positions)
+        self.keys.append(keys)
+        self.q_len.append(len(tokens))
+        self.k_len.append(len(keys))
+        self.end += len(tokens)
+
+    def alone(self, seq: Sequence) -> None:
+        """One sequence, one segment over its own tokens; position p + j - 1 predicts response token j."""
+        p, start = len(seq.prompt_ids), self.end
+        tokens = np.asarray([*seq.prompt_ids, *seq.response_ids], dtype=np.int64)
+        self.segment(tokens, np.arange(len(tokens)), np.arange(start, start + len(tokens)))
+        self.predict.append(start + p - 1 + np.arange(len(seq.response_ids)))
+
+    def group(self, seqs: list[Sequence]) -> None:
+        """The shared prompt once, then each non-empty response with the prompt's keys before its own;
+        every response's first token is predicted by the prompt's last position."""
+        p, start = len(seqs[0].prompt_ids), self.end
+        prompt_keys = np.arange(start, start + p)  # [p]
+        self.segment(np.asarray(seqs[0].prompt_ids, dtype=np.int64), np.arange(p), prompt_keys)
+        for seq in seqs:
+            r, at = len(seq.response_ids), self.end
+            self.predict.append(np.concatenate([[start + p - 1], at + np.arange(r - 1)]).astype(np.int64)[:r])
+            if r:
+                keys = np.concatenate([prompt_keys, np.arange(at, at + r)])  # [p + r]
+                self.segment(np.asarray(seq.response_ids, dtype=np.int64), p + np.arange(r), keys)
+
+
 def pack(seqs: list[Sequence], device: torch.device | str = "cpu", share_prompts: bool = True) -> PackedBatch:
     """Lay sequences out back to back without padding; consecutive sequences with one prompt share
     it unless ``share_prompts`` is False. Index arrays are built on the host with numpy and moved in
     one transfer each (pinned and asynchronous on CUDA)."""
     device = torch.device(device)
-    shared = shared_prompt_tokens(seqs) if share_prompts else [0] * len(seqs)
-    groups: list[list[int]] = []  # runs of sequences with one prompt
-    for i, n in enumerate(shared):
-        if n and groups:
-            groups[-1].append(i)
+    layout = _Layout()
+    for group in _prompt_groups(seqs, share_prompts):
+        if len(group) == 1:
+            layout.alone(seqs[group[0]])
         else:
-            groups.append([i])
-    ids, pos, q_len, k_len, keys, predict = [], [], [], [], [], []
-    start = 0  # flat position of the group's first token
-    for group in groups:
-        prompt = np.asarray(seqs[group[0]].prompt_ids, dtype=np.int64)
-        p = len(prompt)
-        prompt_pos = np.arange(start, start + p)  # [p]
-        if len(group) == 1:  # one segment, its own keys
-            resp = np.asarray(seqs[group[0]].response_ids, dtype=np.int64)
-            n = p + len(resp)
-            ids += [prompt, resp]
-            pos.append(np.arange(n))
-            q_len.append(n)
-            k_len.append(n)
-            keys.append(np.arange(start, start + n))
-            # Hidden state at position p + j - 1 predicts response token j.
-            predict.append(start + p - 1 + np.arange(len(resp)))
-            start += n
-            continue
-        ids.append(prompt)
-        pos.append(np.arange(p))
-        q_len.append(p)
-        k_len.append(p)
-        keys.append(prompt_pos)
-        at = start + p
-        for i in group:
-            resp = np.asarray(seqs[i].response_ids, dtype=np.int64)
-            r = len(resp)
-            # Token 0 is predicted by the prompt's last position, token j > 0 by the response's j - 1.
-            predict.append(np.concatenate([[start + p - 1], at + np.arange(r - 1)]) if r else np.zeros(0, np.int64))
-            if not r:
-                continue
-            ids.append(resp)
-            pos.append(p + np.arange(r))
-            q_len.append(r)
-            k_len.append(p + r)
-            keys += [prompt_pos, np.arange(at, at + r)]
-            at += r
-        start = at
+            layout.group([seqs[i] for i in group])
     resp_len = np.array([len(s.response_ids) for s in seqs], dtype=np.int64)  # [m]
-    flat_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)  # [N]
-    kv = np.concatenate(keys) if keys else np.zeros(0, np.int64)  # [Nk]
+    flat_ids = np.concatenate(layout.ids) if layout.ids else np.zeros(0, np.int64)  # [N]
+    kv = np.concatenate(layout.keys) if layout.keys else np.zeros(0, np.int64)  # [Nk]
     targets = np.fromiter((t for s in seqs for t in s.response_ids), dtype=np.int64, count=int(resp_len.sum()))
+    q_len, k_len = layout.q_len, layout.k_len
 
     def put(a, dtype: torch.dtype) -> torch.Tensor:
         return to_device(torch.from_numpy(np.ascontiguousarray(a)).to(dtype), device)
@@ -203,7 +214,7 @@ def pack(seqs: list[Sequence], device: torch.device | str = "cpu", share_prompts
     identity = len(kv) == len(flat_ids)  # no group shares a prompt: every segment's keys are its queries
     return PackedBatch(
         input_ids=put(flat_ids, torch.long),
-        position_ids=put(np.concatenate(pos) if pos else np.zeros(0, np.int64), torch.long),
+        position_ids=put(np.concatenate(layout.pos) if layout.pos else np.zeros(0, np.int64), torch.long),
         cu_seqlens=put(np.concatenate([[0], np.cumsum(q_len)]), torch.int32),
         cu_seqlens_k=put(np.concatenate([[0], np.cumsum(k_len)]), torch.int32),
         kv_index=None if identity else put(kv, torch.long),
@@ -211,7 +222,7 @@ def pack(seqs: list[Sequence], device: torch.device | str = "cpu", share_prompts
         max_len_k=max(k_len, default=0),
         lengths=q_len,
         lengths_k=k_len,
-        predict_index=put(np.concatenate(predict) if predict else np.zeros(0, np.int64), torch.long),
+        predict_index=put(np.concatenate(layout.predict) if layout.predict else np.zeros(0, np.int64), torch.long),
         targets=put(targets, torch.long),
         segment=put(np.repeat(np.arange(len(seqs)), resp_len), torch.long),
         response_lengths=put(resp_len, torch.float32),
