@@ -10,6 +10,9 @@ span is GPU time including any gap in which the GPU waited for the host; the hos
 
     python -m benchmarks.collection_timeline --task countdown-2x10 --prompts 64 --group 8 --collections 4 \
         --json timeline.json
+
+``--prompt-reads shared,own`` times the fused decode attention reading a group's prompt slots from one row
+(the default) and from each row's own copy, in one run, the two arms' collections interleaved.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from grpo_knobs.rollout.hf import HFEngine
 from benchmarks.rollout import gpu_slug
 
 PATHS = {"fused": "fused", "fast": True}
+PROMPT_READS = {"shared": True, "own": False}  # StaticDecoder.share_reads
 
 
 class Timeline:
@@ -145,39 +149,65 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--collections", type=int, default=4, help="timed collections, after one untimed warm-up")
     ap.add_argument("--path", choices=sorted(PATHS), default="fused", help="static decoder path")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument(
+        "--prompt-reads",
+        default="shared",
+        help="comma list of shared (a group's prompt slots read from one row) and own (each row's copy)",
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    reads = args.prompt_reads.split(",")
+    if not reads or not set(reads) <= set(PROMPT_READS) or len(set(reads)) < len(reads):
+        raise SystemExit(f"--prompt-reads takes shared and/or own, comma-separated, got {args.prompt_reads!r}")
 
     device = torch.device(args.device)
     model, tokenizer, info = load_model(args.model, device=device)
     batch = args.prompts * args.group
-    engine = HFEngine(
-        model, tokenizer, device=device, fast=PATHS[args.path], max_batch_size=batch, return_logprobs=True
-    )
-    timeline = Timeline(device)
-    instrument(engine.decoder, timeline)
+    arms = {}
+    for read in reads:
+        engine = HFEngine(
+            model, tokenizer, device=device, fast=PATHS[args.path], max_batch_size=batch, return_logprobs=True
+        )
+        engine.decoder.share_reads = PROMPT_READS[read]
+        arms[read] = (engine, Timeline(device))
+        instrument(engine.decoder, arms[read][1])
     problems = load_split(args.task, "train")
-    collections = []
+    collections: dict[str, list[dict]] = {read: [] for read in reads}
     for c in range(args.collections + 1):  # the first is a warm-up: kernels compiled, graphs captured
         chosen = [problems[(c * args.prompts + i) % len(problems)] for i in range(args.prompts)]
         prompts = encode_prompts(chosen, tokenizer)
-        result = one_collection(engine, timeline, prompts, args.group, args.max_new_tokens, seed=c)
-        if c:
-            collections.append(result)
-    print(
-        f"{info.name} on {gpu_slug(device)}, {args.path} path: {args.task}, {args.prompts} prompts x {args.group}, "
-        f"up to {args.max_new_tokens} tokens, T = 1; mean of {len(collections)} collections (mean length "
-        f"{sum(c['response_length_mean'] for c in collections) / len(collections):.0f}, "
-        f"{sum(c['truncated'] for c in collections) / len(collections):.0f} responses at the cap)"
-    )
-    print(table(collections))
+        for read, (engine, timeline) in arms.items():  # interleaved: drift in clocks falls on both arms
+            result = one_collection(engine, timeline, prompts, args.group, args.max_new_tokens, seed=c)
+            if c:
+                collections[read].append(result)
+    for read, done in collections.items():
+        print(
+            f"{info.name} on {gpu_slug(device)}, {args.path} path, prompt reads {read}: {args.task}, "
+            f"{args.prompts} prompts x {args.group}, up to {args.max_new_tokens} tokens, T = 1; mean of "
+            f"{len(done)} collections (mean length {sum(c['response_length_mean'] for c in done) / len(done):.0f}, "
+            f"{sum(c['truncated'] for c in done) / len(done):.0f} responses at the cap)"
+        )
+        print(table(done))
+    if len(reads) == 2:
+        print(step_ratios(collections[reads[0]], collections[reads[1]], f"{reads[0]} / {reads[1]}"))
     print("spans are GPU time between stream marks (wall time on CPU); host after decoding is wall time.")
     if args.json:
-        args.json.write_text(
-            json.dumps({"settings": vars(args) | {"json": str(args.json)}, "collections": collections})
-        )
+        saved = {"settings": vars(args) | {"json": str(args.json)}, "collections": collections[reads[0]]}
+        args.json.write_text(json.dumps(saved | {"arms": collections}))
         print(f"wrote {args.json}")
-    return collections
+    return collections[reads[0]]
+
+
+def step_ratios(a: list[dict], b: list[dict], name: str) -> str:
+    """ms per decode step of arm a over arm b at each width both ran, and of the whole collection."""
+
+    def per_step(cs: list[dict], label: str) -> float:
+        return sum(c["ms"].get(label, 0.0) for c in cs) / max(1, sum(c["steps"].get(label, 0) for c in cs))
+
+    widths = sorted({k for c in a + b for k in c["steps"]} & {k for c in a for k in c["steps"]}, key=_order)
+    parts = [f"{w}: {per_step(a, w) / per_step(b, w):.3f}" for w in widths if per_step(b, w) > 0]
+    wall = sum(c["wall_ms"] for c in a) / sum(c["wall_ms"] for c in b)
+    return f"ms per step, {name}: " + ", ".join(parts) + f"; wall {wall:.3f}"
 
 
 if __name__ == "__main__":

@@ -508,6 +508,35 @@ def test_collection_timeline_cpu(tmp_path):
     assert [line.split()[0] for line in lines[2:4]] == ["prefill", "step"]
 
 
+def test_collection_timeline_times_both_prompt_reads_in_one_run(tmp_path):
+    """--prompt-reads shared,own: one table per arm over the same prompts and seeds, then the per-width ratio;
+    a value it does not know is refused in one line."""
+    result = tmp_path / "timeline.json"
+    args = ["--model", "tiny-random", "--prompts", "2", "--group", "3", "--max-new-tokens", "8", "--path", "fast"]
+    proc = _bench(
+        "benchmarks.collection_timeline",
+        *args,
+        "--collections",
+        "1",
+        "--prompt-reads",
+        "shared,own",
+        "--json",
+        str(result),
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    arms = json.loads(result.read_text())["arms"]
+    assert list(arms) == ["shared", "own"] and all(len(c) == 1 for c in arms.values())
+    assert arms["shared"][0]["response_length_mean"] == arms["own"][0]["response_length_mean"]  # same draws
+    titles = [line for line in proc.stdout.splitlines() if ", prompt reads " in line]
+    assert [t.split(", prompt reads ")[1].split(":")[0] for t in titles] == ["shared", "own"]
+    ratio = [line for line in proc.stdout.splitlines() if line.startswith("ms per step, shared / own: ")]
+    assert len(ratio) == 1 and "step 6: " in ratio[0] and "; wall " in ratio[0]
+    bad = _bench("benchmarks.collection_timeline", *args, "--prompt-reads", "both")
+    assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1] == (
+        "--prompt-reads takes shared and/or own, comma-separated, got 'both'"
+    )
+
+
 def test_host_after_cpu(tmp_path):
     """The host work before and after, on the tiny model's tokenizer: the pieces are timed once the two agree."""
     result = tmp_path / "host.json"
@@ -519,3 +548,16 @@ def test_host_after_cpu(tmp_path):
     assert set(saved["ms"]["after"]) == {"prompt rows", "cut rows", "decode texts", "total"}
     lines = proc.stdout.splitlines()
     assert lines[1].split() == ["part", "before", "after", "ratio"] and lines[-2].split()[0] == "total"
+
+
+def test_init_profile_cpu(tmp_path):
+    """The recipe's set-up profiled in a fresh process: the init phase it reports is the set-up's, the profile
+    lists the set-up, and no run directory is written (the run never trains)."""
+    proc = _bench("benchmarks.init_profile", "--out", str(tmp_path / "runs"), "--model", "tiny-random", "--top", "5")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    first = proc.stdout.splitlines()[0]
+    setup_s = float(first.split("set-up ")[1].split(" s")[0])
+    init_s = float(first.split("init phase ")[1].split(" s")[0])
+    assert 0 < init_s <= setup_s
+    assert "trainer.py" in proc.stdout and "(setup)" in proc.stdout
+    assert not (tmp_path / "runs").exists()

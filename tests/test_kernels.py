@@ -44,10 +44,12 @@ def test_embed_rms_norm_gathers_then_normalises():
 
 @pytest.mark.parametrize("kv_len, step", [(32, 6), (64, 50)])
 @pytest.mark.parametrize("split", [False, True])
-def test_rotary_attention_writes_its_slot_and_attends_prompt_decodes_and_itself(kv_len, step, split):
+@pytest.mark.parametrize("share", [None, [3, 1, 0]], ids=["own-prompt", "shared-prompt"])
+def test_rotary_attention_writes_its_slot_and_attends_prompt_decodes_and_itself(kv_len, step, split, share):
     """One fused launch against plain torch: rotary at each row's position, k and v written to cache slot
     slot0 + step only, then grouped-query softmax over real prompt slots, earlier decoded slots and the
-    token itself; whole, or split into 16-slot pieces that the last program to finish combines."""
+    token itself; whole, or split into 16-slot pieces that the last program to finish combines. With
+    share, row b's prompt slots (keys, values, validity) are row share[b]'s and the rest its own."""
     g = torch.Generator(DEVICE).manual_seed(2)
     B, n_q, n_kv, D, C = 3, 6, 2, 32, 70  # 3 query heads per KV head (padded to 16 rows in the kernel)
     P = 9  # prompt slots 0..8, then decoded tokens; this token goes to slot P - 1 + step
@@ -77,6 +79,7 @@ def test_rotary_attention_writes_its_slot_and_attends_prompt_decodes_and_itself(
         split=split,
         chunk=16,
         counts=counts,
+        share=None if share is None else torch.tensor(share),
     )
     assert not counts.any()  # the split tally is left at zero for the next launch
     pos = pos0[:B] + step
@@ -88,10 +91,13 @@ def test_rotary_attention_writes_its_slot_and_attends_prompt_decodes_and_itself(
     torch.testing.assert_close(kv[1, :B, :, slot], v)
     changed = (kv != before).any(-1)  # [2, rows, Hkv, C]
     assert not changed[:, B:].any() and not changed[..., :slot].any() and not changed[..., slot + 1 :].any()
+    src = torch.arange(B) if share is None else torch.tensor(share)  # [B]: the row holding each row's prompt
+    prompt = torch.arange(C) < P  # [C]
     keys = torch.arange(C)
-    seen = torch.where(keys < P, valid, keys <= slot)[:B, :kv_len]  # [B, K]: this token's slot included
-    kk = kv[0, :B, :, :kv_len].repeat_interleave(n_q // n_kv, 1)  # [B, Hq, K, D]
-    vv = kv[1, :B, :, :kv_len].repeat_interleave(n_q // n_kv, 1)
+    seen = torch.where(prompt, valid[src], keys <= slot)[:, :kv_len]  # [B, K]: this token's slot included
+    cache = torch.where(prompt[:, None], kv[:, src], kv[:, :B])  # [2, B, Hkv, C, D]
+    kk = cache[0, :, :, :kv_len].repeat_interleave(n_q // n_kv, 1)  # [B, Hq, K, D]
+    vv = cache[1, :, :, :kv_len].repeat_interleave(n_q // n_kv, 1)
     scores = torch.einsum("bhd,bhkd->bhk", q, kk) * 0.25
     p = scores.masked_fill(~seen[:, None], float("-inf")).softmax(-1)  # [B, Hq, K]
     torch.testing.assert_close(out, torch.einsum("bhk,bhkd->bhd", p, vv).reshape(B, -1))

@@ -393,6 +393,26 @@ def test_decoder_expands_any_row_to_prompt_map(tiny, prompts):
     assert engine.decoder.done[6:8].all()  # filler rows stay finished
 
 
+def test_rows_of_a_prompt_read_its_first_rows_cache_through_compaction(tiny, prompts):
+    """``share`` points each decoder row at the first row that carries the same prompt (the fused attention
+    reads prompt slots there); when finished rows are dropped, the map follows the moved rows, and every
+    row's source holds the same prompt cache as the row itself."""
+    model, tokenizer = tiny
+    dec = HFEngine(model, tokenizer, fast=True).decoder
+    order = [2, 0, 2, 1, 0, 1, 1, 2]  # decoder row -> prompt
+    ids, mask = HFEngine(model, tokenizer, fast=True)._pad(prompts, 3)  # [3, P]
+    dec.run(ids, mask, 8, 3, 0.0, 0, True, None, torch.tensor(order))
+    assert dec.share[:8].tolist() == [0, 1, 0, 3, 1, 3, 3, 0]
+    live = torch.tensor([False, True, True, False, False, True, False, True])  # rows 1, 2, 5, 7 decode on
+    tokens, logprobs = torch.zeros(8, 3, dtype=torch.long), torch.zeros(8, 3)
+    dec._keep_rows(live, 4, 8, torch.arange(8), tokens, logprobs, 3)
+    assert dec.prompt_of[:4].tolist() == [0, 2, 1, 2] and dec.share[:4].tolist() == [0, 1, 2, 1]
+    P = ids.shape[1]
+    for r, s in enumerate(dec.share[:4].tolist()):
+        assert torch.equal(dec.kv[:, :, r, :, :P], dec.kv[:, :, s, :, :P])
+        assert torch.equal(dec.valid[r, :P], dec.valid[s, :P])
+
+
 def test_prompt_rows_merge_repeated_prompts(tiny, prompts):
     """A chunk's distinct prompts by their tokens, in first-occurrence order, whichever prompt index repeats
     them; without repeats every row is its own prompt."""

@@ -139,6 +139,7 @@ class StaticDecoder:
         min_rows: int = 16,
         keyed: bool = False,
         linear_rows: int = LINEAR_ROWS,
+        share_reads: bool = True,
     ):
         cfg = model.config
         layer_types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
@@ -180,6 +181,9 @@ class StaticDecoder:
         # keyed: each row's noise comes from its response key (response_keys), not from torch's stream.
         # The fused sampler is always keyed; the plain one only when asked (deterministic runs).
         self.keyed = keyed or fused
+        # share_reads: the fused attention reads a row's prompt slots from the first row that carries the same
+        # prompt, so a group reads one copy (every row still holds its own, which compaction moves with it)
+        self.share_reads = share_reads
 
     def _allocate(self, rows: int, cap: int):
         """Grow the cache and step state; graphs captured on the old buffers are dropped with them."""
@@ -205,6 +209,8 @@ class StaticDecoder:
         self.step = torch.zeros(1, dtype=torch.long, device=dev)  # output column the next token goes to
         self.inv_temp = torch.ones(1, dtype=torch.float32, device=dev)
         self.keys = torch.zeros(rows, dtype=torch.long, device=dev)  # [R] response key of each row's noise
+        self.prompt_of = torch.zeros(rows, dtype=torch.long, device=dev)  # [R] the prompt a row carries
+        self.share = torch.zeros(rows, dtype=torch.long, device=dev)  # [R] first row carrying the same prompt
         # the tallies of split launches, each left at zero by the launch that used it: one per row and KV
         # head for split attention; one per output tile for split-K GEMMs, which split only while their
         # tiles are fewer than the SMs
@@ -322,7 +328,8 @@ class StaticDecoder:
 
         o = qkv.new_empty(qkv.shape[0], self.n_heads * self.head_dim)  # [B, Hq * D]
         args = (self.cos, self.sin, self.pos0, self.slot0, self.step, self.kv[i, 0], self.kv[i, 1], self.valid)
-        return rotary_attention(qkv, *args, kv_len, layer.self_attn.scaling, o, counts=self.counts)
+        share = self.share if self.share_reads else None
+        return rotary_attention(qkv, *args, kv_len, layer.self_attn.scaling, o, counts=self.counts, share=share)
 
     def _cublas_layer(self, i: int, layer, x, h, kv_len: int) -> None:
         """Eight launches for a wide step: cuBLAS's GEMMs between the norm and activation kernels.
@@ -480,6 +487,8 @@ class StaticDecoder:
             hidden, last = self._expand_prompts(expand, mask, hidden), last.index_select(0, expand)  # [B, H], [B]
         self._emit(hidden, B, greedy)  # step is now 1: decode step t writes slot P + t at position len + t
         self.pos0[:B] = last
+        self.prompt_of[:B] = torch.arange(B, device=self.tok.device) if expand is None else expand
+        self._share_rows(B)
         self.slot0.fill_(P - 1)
 
         # origin[i]: the input row that decoder row i carries (-1: a filler row); outputs of rows
@@ -514,6 +523,11 @@ class StaticDecoder:
             self.kv[layer, :, : expand.shape[0], :, :P] = self.kv[layer, :, :U, :, :P].index_select(1, expand)
         return hidden.index_select(0, expand)  # [B, H]
 
+    def _share_rows(self, width: int) -> None:
+        """Point each of rows :width at the first row carrying the same prompt (``share``)."""
+        p = self.prompt_of[:width]  # [width]
+        self.share[:width] = (p[:, None] == p[None, :]).int().argmax(1)  # [width]: argmax takes the first
+
     def _widths(self, B: int) -> list[int]:
         """Decoder widths compaction may shrink to: B, then powers of two down to min_rows."""
         widths, w = [B], 1 << max(B - 1, 0).bit_length()
@@ -538,11 +552,12 @@ class StaticDecoder:
         self._store_rows(origin, width, tokens, logprobs, cols)
         keep = live.nonzero()[:, 0]  # [n_live]
         sel = torch.cat([keep, keep.new_zeros(narrower - keep.numel())])  # [narrower]
-        for t in (self.tok, self.pos0, self.done, self.valid, self.out_tok, self.out_lp, self.keys):
+        for t in (self.tok, self.pos0, self.done, self.valid, self.out_tok, self.out_lp, self.keys, self.prompt_of):
             t[:narrower] = t.index_select(0, sel)
         for layer in range(self.kv.shape[0]):  # one layer at a time bounds the temporary copy
             self.kv[layer, :, :narrower] = self.kv[layer].index_select(1, sel)
         self.done[keep.numel() : narrower] = True
+        self._share_rows(narrower)
         return torch.cat([origin[keep], origin.new_full((narrower - keep.numel(),), -1)])  # [narrower]
 
 

@@ -368,6 +368,7 @@ def _rotary_attention_kernel(
     k_ptr,
     v_ptr,
     valid_ptr,
+    share_ptr,
     o_ptr,
     part_ptr,
     count_ptr,
@@ -387,6 +388,7 @@ def _rotary_attention_kernel(
     HALF: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
+    SHARED: tl.constexpr,
 ):
     # Program (b, j, c): row b's KV head j and the G query heads it serves, over cache slots
     # c * CHUNK .. (c + 1) * CHUNK - 1. It rotates them at the row's position, writes this token's key and
@@ -422,6 +424,11 @@ def _rotary_attention_kernel(
     if c == 0:
         tl.store(k_base + slot * stride_slot + d[None, :], k_new)
         tl.store(v_base + slot * stride_slot + d, v_new)
+    # The prompt slots come from row share[b], which holds the same prompt: the rows of a group then read
+    # one copy, which stays in L2 while they run, instead of one copy each from HBM.
+    src = b
+    if SHARED:
+        src = tl.load(share_ptr + b).to(tl.int32)
     m_i = tl.full([G_PAD], -1.0e30, tl.float32)  # running max (finite: a fully masked block stays harmless)
     l_i = tl.zeros([G_PAD], tl.float32)  # running softmax denominator
     acc = tl.zeros([G_PAD, D], tl.float32)
@@ -429,15 +436,17 @@ def _rotary_attention_kernel(
         ks = c * CHUNK + start + tl.arange(0, BLOCK_K)
         in_range = ks < KV_LEN
         in_prompt = ks < prompt_end
-        marked = tl.load(valid_ptr + b * stride_valid + ks, mask=in_range & in_prompt, other=0) != 0
+        rows = tl.where(in_prompt, src, b)  # [BLOCK_K]: the row each slot is read from
+        marked = tl.load(valid_ptr + rows * stride_valid + ks, mask=in_range & in_prompt, other=0) != 0
         ok = in_range & (ks < slot) & (marked | ~in_prompt)  # [BLOCK_K]: real prompt tokens and earlier decodes
-        k = tl.load(k_base + ks[:, None] * stride_slot + d[None, :], mask=in_range[:, None], other=0.0)  # [BLOCK_K, D]
+        at = (rows * stride_row + j * stride_head + ks * stride_slot)[:, None] + d[None, :]  # [BLOCK_K, D]
+        k = tl.load(k_ptr + at, mask=in_range[:, None], other=0.0)  # [BLOCK_K, D]
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [G_PAD, BLOCK_K] float32
         s = tl.where(ok[None, :], s * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])  # [G_PAD, BLOCK_K]
-        v = tl.load(v_base + ks[:, None] * stride_slot + d[None, :], mask=in_range[:, None], other=0.0)  # [BLOCK_K, D]
+        v = tl.load(v_ptr + at, mask=in_range[:, None], other=0.0)  # [BLOCK_K, D]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # [G_PAD, D]
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
@@ -504,6 +513,7 @@ def rotary_attention(
     counts: torch.Tensor | None = None,
     split: bool | None = None,
     chunk: int | None = None,
+    share: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One decode token's rotary embedding, cache write and grouped-query attention, in one launch.
 
@@ -512,9 +522,10 @@ def rotary_attention(
     pos0[b] + step and cache slot slot0 + step. k_cache, v_cache: [rows >= B, Hkv, C, D] with a contiguous
     last dimension. It attends to slots < kv_len that hold a real prompt token (slots <= slot0, where
     ``valid`` [rows, C] marks them) or an earlier decoded token, then to itself. out: [B, Hq * D] (heads
-    concatenated, as o_proj expects). Scores and softmax in float32; q and k rounded to the cache dtype, and
-    probabilities before the value product, as flash attention does; float32 inputs multiply in full
-    precision, so the CPU and GPU tests compare exactly.
+    concatenated, as o_proj expects). share: [>= B] long or None: row b reads its prompt slots (keys, values,
+    validity; slots <= slot0) from row share[b], which holds the same prompt. Scores and softmax in float32;
+    q and k rounded to the cache dtype, and probabilities before the value product, as flash attention does;
+    float32 inputs multiply in full precision, so the CPU and GPU tests compare exactly.
 
     At a narrow width there are too few (row, KV head) programs to fill the GPU, and each would walk the
     whole cache alone: with ``split`` (default: when rows x KV heads < 2 x SMs) the cache is cut into
@@ -552,6 +563,7 @@ def rotary_attention(
         k_cache,
         v_cache,
         valid,
+        share if share is not None else pos0,  # not read unless SHARED
         out,
         part,
         count_buf,
@@ -571,6 +583,7 @@ def rotary_attention(
         HALF=D // 2,
         BLOCK_K=block_k,
         PRECISION="ieee" if qkv.dtype == torch.float32 else "tf32",
+        SHARED=share is not None,
         num_warps=num_warps or max(1, D // 64),
         num_stages=num_stages,
     )
