@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -287,6 +290,45 @@ def test_a_fixed_recipe_study_trains_tests_and_times_its_runs(tmp_path):
         ["split-vs-small", "t-split", "t-small", 1, 1, 4, True]
     ]
     assert "1 library source(s)" in executed.read_text()
+
+
+@needs_trainer
+def test_a_study_call_cut_short_records_the_runs_it_finished(tmp_path):
+    """SIGTERM, as a machine's time limit sends it, while the second run trains: the call still appends its
+    entry to study_times.json, marked interrupted, with the run and the test it finished and their places."""
+    confirmation = {"seeds": [1], "response_budget": 400, "recipes": ["t-small", "t-split"]}
+    path = _fixed_plan(
+        tmp_path / "plan.yaml", None, confirmation=confirmation, test={"problems": 4, "initial_model": False}
+    )
+    study_dir = tmp_path / "s"
+    args = ["study", str(path), "--study-dir", str(study_dir), "--executor", "inprocess"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grpo_knobs.cli", *args],
+        env=study._subprocess_env(None),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    small, split = (RunDir(study_dir / f"confirmation-countdown-2x10-{a}-s1") for a in ("t-small", "t-split"))
+    try:
+        deadline = time.time() + 300
+        while (split.state() or {}).get("collections_done", 0) < 1:
+            assert proc.poll() is None, proc.communicate()
+            assert time.time() < deadline, "the second run did not start"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+    assert proc.returncode != 0 and "grpo-knobs study: interrupted" in err, err[-3000:]
+    assert small.is_complete() and small.test_path.exists() and not split.is_complete()
+    (call,) = json.loads((study_dir / "study_times.json").read_text())["calls"]
+    assert call["interrupted"] is True and call["runs_trained"] == 1 and call["tests_run"] == 1
+    job = json.loads(small.timings_path.read_text())["job"]
+    assert list(call["runs"]) == [small.path.name] and call["runs"][small.path.name]["job_seconds"] == job
+    assert job < call["wall_seconds"] and call["hosts"] and call["scheduler"] == "local"
 
 
 def test_run_analysis_adds_notebook_59_where_the_study_registered_an_analysis(tmp_path, monkeypatch):

@@ -325,10 +325,34 @@ def run_study(
     # (or SIGTERM) starts no further run and ends the running ones recorded as interrupted.
     with exclusive(study_lock_path(p.study_dir), f"study {p.study_dir}"), interrupts():
         started, t0 = time.time(), time.perf_counter()
-        report = _run_phases(p, preset, phases, jobs, executor, params, only, progress, scheduler, ray_address)
+        before = _finished(p)
+        try:
+            report = _run_phases(p, preset, phases, jobs, executor, params, only, progress, scheduler, ray_address)
+        except KeyboardInterrupt:
+            # A call cut short (a Ctrl-C, or a machine's time limit sending SIGTERM) still records the runs
+            # and tests it finished, read from their directories, so its GPU time is not lost from the log.
+            done = _finished_since(p, before)
+            times = call_times(p.study_dir, done, started, time.perf_counter() - t0, scheduler)
+            record_call(p.study_dir, times | {"interrupted": True})
+            raise
         times = call_times(p.study_dir, report.results, started, time.perf_counter() - t0, scheduler)
         report.times = record_call(p.study_dir, times)
         return report
+
+
+def _finished(p: Plan) -> tuple[set[str], set[str]]:
+    """Run ids of the plan's complete runs, and of its runs with a terminal test, as the directories say."""
+    runs = {r.run_id for r in p.runs if not r.placeholder and RunDir(p.study_dir / r.run_id).is_complete()}
+    tests = {t.run_id for t in p.tests if RunDir(p.study_dir / t.run_id).test_path.exists()}
+    return runs, tests
+
+
+def _finished_since(p: Plan, before: tuple[set[str], set[str]]) -> list[JobResult]:
+    """What finished after ``_finished`` returned ``before``, as this call's results (their seconds unknown)."""
+    runs, tests = _finished(p)
+    phase = {r.run_id: r.phase for r in p.runs}
+    done = [JobResult(rid, phase[rid], "complete") for rid in sorted(runs - before[0])]
+    return done + [JobResult(rid, "test", "complete") for rid in sorted(tests - before[1])]
 
 
 def _run_phases(
