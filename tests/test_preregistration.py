@@ -331,6 +331,32 @@ def test_a_study_call_cut_short_records_the_runs_it_finished(tmp_path):
     assert job < call["wall_seconds"] and call["hosts"] and call["scheduler"] == "local"
 
 
+@needs_trainer
+def test_a_time_limit_leaves_runs_it_cannot_hold_for_the_next_call(tmp_path, capsys):
+    """--time-limit on a machine held for a limited time: a recipe with no finished run to go by starts; once
+    its runs have a recorded job time, a run that would end past the limit is left for a later call (no
+    analysis then), and the next call with time to spare trains it."""
+    path = _fixed_plan(tmp_path / "plan.yaml", None, test={"problems": 4, "initial_model": False})
+    study_dir = tmp_path / "s"
+    base = ["study", str(path), "--study-dir", str(study_dir), "--executor", "inprocess"]
+    assert cli_main([*base, "--only", "*-s1", "--time-limit", "0.001"]) == 0  # nothing to go by: both train
+    seed2 = [RunDir(study_dir / f"confirmation-countdown-2x10-{a}-s2") for a in ("t-small", "t-split")]
+    capsys.readouterr()
+    assert cli_main([*base, "--time-limit", "0.001"]) == 0
+    out = capsys.readouterr().out
+    assert "4 deferred" in out  # each run and its test job
+    assert "2 run(s) left for a later call: its recipe's longest run took" in out and "BLOCKED" not in out
+    assert not any(r.path.exists() for r in seed2) and not (study_dir / "figures").exists()
+    calls = json.loads((study_dir / "study_times.json").read_text())["calls"]
+    assert [c["runs_trained"] for c in calls] == [2, 0]
+    report = study.run_study(path, study_dir=study_dir, executor="inprocess", progress=False, time_limit=3600)
+    assert report.ok and not report.deferred and all(r.is_complete() for r in seed2)
+    with pytest.raises(ValueError, match="time_limit must be a positive number of seconds"):
+        study.run_study(path, study_dir=study_dir, progress=False, time_limit=0)
+    with pytest.raises(ValueError, match="time_limit is for scheduler 'local'"):
+        study.run_study(path, study_dir=study_dir, progress=False, time_limit=60, scheduler="ray")
+
+
 def test_run_analysis_adds_notebook_59_where_the_study_registered_an_analysis(tmp_path, monkeypatch):
     ran = []
     monkeypatch.setattr(

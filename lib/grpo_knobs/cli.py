@@ -163,11 +163,12 @@ def _cmd_study(a: argparse.Namespace) -> int:
         only=a.only or None,
         scheduler=a.scheduler,
         ray_address=a.ray_address,
+        time_limit=a.time_limit,
     )
     print(report.summary())
     if report.failed:
         return 1
-    if not a.phase and not a.only and not a.no_analysis:
+    if not a.phase and not a.only and not a.no_analysis and not report.deferred:
         for path in study.run_analysis(report.study_dir):
             print(f"analysis: {path}")
         print(f"figures and tables: {report.study_dir / 'figures'}")
@@ -345,6 +346,14 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--param", action="append", metavar="KEY=VALUE", help="Set one of the plan's params (repeatable).")
     st.add_argument("--only", action="append", metavar="GLOB", help="Only runs whose id matches (repeatable).")
     st.add_argument("--no-analysis", action="store_true", help="Skip the analysis notebooks at the end.")
+    st.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="On a machine held for a limited time: start no training run whose recipe's longest finished run "
+        "(x1.2) would end past SECONDS from now; those are left for the next call.",
+    )
     st.add_argument(
         "--scheduler",
         choices=["local", "ray"],

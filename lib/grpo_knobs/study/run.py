@@ -61,6 +61,11 @@ class StudyReport:
     def ok(self) -> bool:
         return not self.failed
 
+    @property
+    def deferred(self) -> list[JobResult]:
+        """Runs ``time_limit`` left for a later call."""
+        return [r for r in self.results if r.status == "deferred"]
+
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for r in self.results:
@@ -75,6 +80,9 @@ class StudyReport:
                 f"  {r.status.upper()} {r.run_id} ({r.phase}): {r.error}"
                 + (f"\n    see {r.record}" if r.record else "")
             )
+        if self.deferred:
+            runs = len({r.run_id for r in self.deferred})  # a run and its test job, once
+            lines.append(f"  {runs} run(s) left for a later call: {self.deferred[0].error}")
         if self.times is not None:
             lines.append(describe_call(self.times))
         return "\n".join(lines)
@@ -195,24 +203,64 @@ def _execute_in_worker(unit: dict, threads: int, gpu: str | None = None, workers
     return JobResult(run_id, phase, "failed", 0.0, f"worker exited with code {proc.returncode}: {tail}", str(log))
 
 
-def _execute_all(units: list[dict], jobs: int, desc: str, progress: bool) -> list[JobResult]:
+def _execute_all(units: list[dict], jobs: int, desc: str, progress: bool, budget: _TimeBudget | None = None):
     """Run units one at a time (jobs=1) or side by side in worker processes, with a progress bar.
 
     A Ctrl-C starts no further unit, ends the running ones as interrupted and resumable, and then
-    raises KeyboardInterrupt.
+    raises KeyboardInterrupt. With ``budget``, a training run it cannot hold is not started (``deferred``).
     """
     with ResultTally(units, desc, progress) as tally:
         if jobs == 1:
             for unit in units:
                 check_interrupted()  # one whose KeyboardInterrupt was lost between runs
                 tally.bar.set_postfix_str(unit_run_id(unit))
-                tally.add(_execute_unit(unit | {"progress": progress}))
+                late = budget.refuse(unit) if budget else None
+                tally.add(late or _execute_unit(unit | {"progress": progress}))
         else:
-            _execute_in_workers(units, jobs, tally)
+            _execute_in_workers(units, jobs, tally, budget)
         return tally.finish()
 
 
-def _execute_in_workers(units: list[dict], jobs: int, tally: ResultTally) -> None:
+@dataclass
+class _TimeBudget:
+    """A call's time limit: a training run starts only if its recipe's longest finished run (x MARGIN, for its
+    test and start-up) ends before the deadline. A recipe with no finished run to go by always starts."""
+
+    deadline: float  # time.perf_counter() by which the call should be done
+    longest: dict[tuple[str, str], float]  # (task, arm) -> longest recorded job seconds
+    MARGIN = 1.2
+
+    @classmethod
+    def of(cls, p: Plan, deadline: float) -> "_TimeBudget":
+        longest: dict[tuple[str, str], float] = {}
+        for r in p.runs:
+            run = RunDir(p.study_dir / r.run_id)
+            if r.placeholder or not run.is_complete():
+                continue
+            try:
+                job = float(read_json(run.timings_path)["job"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            key = (r.config.task, r.config.arm)
+            longest[key] = max(longest.get(key, 0.0), job)
+        return cls(deadline, longest)
+
+    def refuse(self, unit: dict) -> JobResult | None:
+        """A ``deferred`` result for a training run that would end past the deadline, else None."""
+        if unit["kind"] != "train":
+            return None
+        c = unit["config"]
+        job = self.longest.get((c["task"], c["arm"]))
+        if job is None or RunDir(Path(c["output_dir"]) / c["run_id"]).is_complete():
+            return None  # nothing to go by, or skipped at once
+        left = self.deadline - time.perf_counter()
+        if job * self.MARGIN <= left:
+            return None
+        why = f"its recipe's longest run took {job:.0f} s and {max(left, 0.0):.0f} s of --time-limit were left"
+        return JobResult(c["run_id"], c["phase"], "deferred", error=why)
+
+
+def _execute_in_workers(units: list[dict], jobs: int, tally: ResultTally, budget: _TimeBudget | None = None) -> None:
     threads = max(1, (os.cpu_count() or 1) // jobs)
     # Worker slot k runs on GPU k mod n: with jobs equal to the GPU count each run has a GPU
     # to itself, so its phase times are not inflated by another run sharing the device.
@@ -225,6 +273,8 @@ def _execute_in_workers(units: list[dict], jobs: int, tally: ResultTally) -> Non
     def in_slot(unit: dict) -> JobResult:
         k = slots.get()
         try:
+            if budget and (late := budget.refuse(unit)):
+                return late
             return _execute_in_worker(unit, threads, gpus[k % len(gpus)] if gpus else None, workers)
         finally:
             slots.put(k)
@@ -295,6 +345,7 @@ def run_study(
     progress: bool = True,
     scheduler: str = "local",
     ray_address: str | None = None,
+    time_limit: float | None = None,
 ) -> StudyReport:
     """Execute a study's phases in order, skipping completed work and recording failures.
 
@@ -311,6 +362,9 @@ def run_study(
         scheduler: local (this machine, ``jobs`` workers) or ray (each run a Ray task holding the
             GPUs and CPUs it needs; ``scheduling.execute_on_ray``).
         ray_address: the Ray cluster for scheduler ray; None starts a local Ray instance.
+        time_limit: seconds this call may take (a machine held for a limited time): a training run whose
+            recipe's longest finished run would not end within them is left for a later call
+            (``deferred``). Local scheduler only.
     """
     phases = list(phases or PHASE_ORDER)
     bad = [ph for ph in phases if ph not in PHASE_ORDER]
@@ -318,6 +372,10 @@ def run_study(
         raise ValueError(f"Unknown phase(s) {bad}; phases: {', '.join(PHASE_ORDER)}.")
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be a positive integer, got {jobs!r}.")
+    if time_limit is not None and not time_limit > 0:
+        raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}.")
+    if time_limit is not None and scheduler != "local":
+        raise ValueError("time_limit is for scheduler 'local': Ray places every run at once. Drop --time-limit.")
     check_scheduler(scheduler, jobs, ray_address)
     executor = _resolve_executor(executor)
     p = plan(preset, study_dir=study_dir, params=params)
@@ -327,7 +385,9 @@ def run_study(
         started, t0 = time.time(), time.perf_counter()
         before = _finished(p)
         try:
-            report = _run_phases(p, preset, phases, jobs, executor, params, only, progress, scheduler, ray_address)
+            deadline = None if time_limit is None else t0 + time_limit
+            how = (jobs, executor, params, only, progress, scheduler, ray_address, deadline)
+            report = _run_phases(p, preset, phases, *how)
         except KeyboardInterrupt:
             # A call cut short (a Ctrl-C, or a machine's time limit sending SIGTERM) still records the runs
             # and tests it finished, read from their directories, so its GPU time is not lost from the log.
@@ -366,6 +426,7 @@ def _run_phases(
     progress: bool,
     scheduler: str = "local",
     ray_address: str | None = None,
+    deadline: float | None = None,
 ) -> StudyReport:
     _check_drift([r for r in p.runs if not r.placeholder and r.phase in phases])
     p.study_dir.mkdir(parents=True, exist_ok=True)
@@ -401,7 +462,14 @@ def _run_phases(
             t.run_id: {"kind": "test", "study_dir": str(p.study_dir), "job": t.job()} for t in _filter(p.tests, only)
         }
         if phase == "test":
-            units = list(tests.values())
+            # A run this call left for later is tested with it later, not reported as blocked now.
+            later = {r.run_id for r in report.results if r.status == "deferred"}
+            units = [u for rid, u in tests.items() if rid not in later]
+            report.results += [
+                JobResult(rid, "test", "deferred", error="its run was left for a later call")
+                for rid in tests
+                if rid in later
+            ]
         else:
             units = [
                 {"kind": "train", "executor": executor, "config": r.config.to_dict()}
@@ -415,7 +483,8 @@ def _run_phases(
             if scheduler == "ray":
                 results = execute_on_ray(units, phase, progress, ray_address)
             else:
-                results = _execute_all(units, jobs, phase, progress)
+                budget = None if deadline is None else _TimeBudget.of(p, deadline)
+                results = _execute_all(units, jobs, phase, progress, budget)
             if phase == "test":  # tests run right after their confirmation run count as this call's work
                 results = [
                     dataclasses.replace(r, status="complete")
