@@ -204,8 +204,8 @@ def step_ratios(a: list[dict], b: list[dict], name: str) -> str:
     def per_step(cs: list[dict], label: str) -> float:
         return sum(c["ms"].get(label, 0.0) for c in cs) / max(1, sum(c["steps"].get(label, 0) for c in cs))
 
-    widths = sorted({k for c in a + b for k in c["steps"]} & {k for c in a for k in c["steps"]}, key=_order)
-    parts = [f"{w}: {per_step(a, w) / per_step(b, w):.3f}" for w in widths if per_step(b, w) > 0]
+    widths = sorted({k for c in a for k in c["steps"]} & {k for c in b for k in c["steps"]}, key=_order)
+    parts = [f"{w}: {per_step(a, w) / per_step(b, w):.3f}" for w in widths]
     wall = sum(c["wall_ms"] for c in a) / sum(c["wall_ms"] for c in b)
     return f"ms per step, {name}: " + ", ".join(parts) + f"; wall {wall:.3f}"
 
