@@ -400,11 +400,15 @@ def run_study(
         return report
 
 
+def _tested(p: Plan) -> set[str]:
+    """Run ids of the plan's test jobs whose terminal test rows exist."""
+    return {t.run_id for t in p.tests if RunDir(p.study_dir / t.run_id).test_path.exists()}
+
+
 def _finished(p: Plan) -> tuple[set[str], set[str]]:
-    """Run ids of the plan's complete runs, and of its runs with a terminal test, as the directories say."""
+    """Run ids of the plan's complete runs, and ``_tested``, as the directories say."""
     runs = {r.run_id for r in p.runs if not r.placeholder and RunDir(p.study_dir / r.run_id).is_complete()}
-    tests = {t.run_id for t in p.tests if RunDir(p.study_dir / t.run_id).test_path.exists()}
-    return runs, tests
+    return runs, _tested(p)
 
 
 def _finished_since(p: Plan, before: tuple[set[str], set[str]]) -> list[JobResult]:
@@ -432,7 +436,7 @@ def _run_phases(
     p.study_dir.mkdir(parents=True, exist_ok=True)
     _write_plan_snapshot(p)
     report = StudyReport(p.study_dir, selection=p.selection)
-    tested_before = {t.run_id for t in p.tests if RunDir(p.study_dir / t.run_id).test_path.exists()}
+    tested_before = _tested(p)
     for phase in (ph for ph in PHASE_ORDER if ph in phases):
         if phase == "selection":
             if p.selected:  # frozen: an existing selection (computed or written by hand) is kept
