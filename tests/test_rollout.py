@@ -393,22 +393,35 @@ def test_decoder_expands_any_row_to_prompt_map(tiny, prompts):
     assert engine.decoder.done[6:8].all()  # filler rows stay finished
 
 
-def test_rows_of_a_prompt_read_its_first_rows_cache_through_compaction(tiny, prompts):
+@pytest.mark.parametrize(
+    "fast, share_reads",
+    [
+        pytest.param(*FUSED.values, True, id="fused", marks=FUSED.marks),
+        pytest.param(*FUSED.values, False, id="fused-no-share-reads", marks=FUSED.marks),
+        pytest.param(True, True, id="fast"),
+    ],
+)
+def test_rows_of_a_prompt_read_its_first_rows_cache_through_compaction(tiny, prompts, fast, share_reads):
     """``share`` points each decoder row at the first row that carries the same prompt (the fused attention
     reads prompt slots there); when finished rows are dropped, the map follows the moved rows, and every
-    row's source holds the same prompt cache as the row itself."""
+    row's source holds the same prompt cache as the row itself. A decoder that never reads the map (the
+    unfused step, or share_reads off) leaves it unset."""
     model, tokenizer = tiny
-    dec = HFEngine(model, tokenizer, fast=True).decoder
+    engine = HFEngine(model, tokenizer, fast=fast)
+    dec = engine.decoder
+    dec.share_reads = share_reads
+    reads = fast == "fused" and share_reads
     order = [2, 0, 2, 1, 0, 1, 1, 2]  # decoder row -> prompt
-    ids, mask = HFEngine(model, tokenizer, fast=True)._pad(prompts, 3)  # [3, P]
+    ids, mask = engine._pad(prompts, 3)  # [3, P]
     dec.run(ids, mask, 8, 3, 0.0, 0, True, None, torch.tensor(order))
-    assert dec.share[:8].tolist() == [0, 1, 0, 3, 1, 3, 3, 0]
+    assert dec.share[:8].tolist() == ([0, 1, 0, 3, 1, 3, 3, 0] if reads else [0] * 8)
     live = torch.tensor([False, True, True, False, False, True, False, True])  # rows 1, 2, 5, 7 decode on
     tokens, logprobs = torch.zeros(8, 3, dtype=torch.long), torch.zeros(8, 3)
     dec._keep_rows(live, 4, 8, torch.arange(8), tokens, logprobs, 3)
-    assert dec.prompt_of[:4].tolist() == [0, 2, 1, 2] and dec.share[:4].tolist() == [0, 1, 2, 1]
+    assert dec.prompt_of[:4].tolist() == [0, 2, 1, 2]
+    assert dec.share[:4].tolist() == ([0, 1, 2, 1] if reads else [0] * 4)
     P = ids.shape[1]
-    for r, s in enumerate(dec.share[:4].tolist()):
+    for r, s in enumerate([0, 1, 2, 1]):  # rows of the same prompt hold the same prompt cache
         assert torch.equal(dec.kv[:, :, r, :, :P], dec.kv[:, :, s, :, :P])
         assert torch.equal(dec.valid[r, :P], dec.valid[s, :P])
 
@@ -426,6 +439,21 @@ def test_prompt_rows_merge_repeated_prompts(tiny, prompts):
     assert expand is None and ids.shape[0] == 2
     engine.share_prefill = False
     assert engine._prompt_rows([a, a])[2] is None
+
+
+def test_shared_prefill_of_prompts_with_the_same_tokens(tiny, prompts):
+    """Prompts that repeat another's tokens share one prefill row and generate as with a prefill per row."""
+    model, tokenizer = tiny
+    a, b, c = prompts
+    gens = []
+    for share in (False, True):
+        engine = HFEngine(model, tokenizer, fast=True, return_logprobs=True, keyed_sampling=True)
+        engine.share_prefill = share
+        gens.append(engine.generate([a, b, a, c, b], n=2, max_new_tokens=6, temperature=1.0, seed=3))
+    per_row, shared = gens
+    assert shared.token_ids == per_row.token_ids
+    for x, y in zip(shared.logprobs, per_row.logprobs):
+        torch.testing.assert_close(torch.tensor(x), torch.tensor(y), atol=1e-5, rtol=0)
 
 
 def test_left_pad(prompts):

@@ -525,6 +525,8 @@ class StaticDecoder:
 
     def _share_rows(self, width: int) -> None:
         """Point each of rows :width at the first row carrying the same prompt (``share``)."""
+        if self.fused is None or not self.share_reads:  # only the fused attention reads the map
+            return
         p = self.prompt_of[:width]  # [width]
         self.share[:width] = (p[:, None] == p[None, :]).int().argmax(1)  # [width]: argmax takes the first
 
