@@ -475,3 +475,7 @@ class RunDir:
     def truncate_evals(self, max_responses: int) -> None:
         df = self.evals()
         atomic_write_parquet(self.evals_path, df[df["responses"] <= max_responses].reset_index(drop=True))
+
+    def job_seconds(self) -> float:
+        """The training job's seconds as timings.json records them (raises if the file or entry is missing)."""
+        return float(read_json(self.timings_path)["job"])

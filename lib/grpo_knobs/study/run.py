@@ -238,7 +238,7 @@ class _TimeBudget:
             if r.placeholder or not run.is_complete():
                 continue
             try:
-                job = float(read_json(run.timings_path)["job"])
+                job = run.job_seconds()
             except (OSError, ValueError, KeyError, TypeError):
                 continue
             key = (r.config.task, r.config.arm)

@@ -26,7 +26,7 @@ def _validation_scores(run_dir: Path) -> dict[str, float]:
     return {
         "final_accuracy": float(curve.iloc[-1]),
         "sample_auc": auc,
-        "job_seconds": float(read_json(run.timings_path)["job"]),
+        "job_seconds": run.job_seconds(),
     }
 
 

@@ -45,7 +45,7 @@ def call_times(
     for r in trained:
         run = RunDir(study_dir / r.run_id)
         try:
-            runs[r.run_id] = {"job_seconds": float(read_json(run.timings_path)["job"]), **_where(run)}
+            runs[r.run_id] = {"job_seconds": run.job_seconds(), **_where(run)}
         except (OSError, ValueError, KeyError, TypeError):  # a record to read, not to fail the report over
             runs[r.run_id] = {"job_seconds": None, "hostname": None, "gpu": None, "ray_node_id": None}
     job = sum(v["job_seconds"] or 0.0 for v in runs.values())
