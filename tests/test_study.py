@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 import yaml
 from grpo_knobs import study
+from grpo_knobs.config import RunConfig
 from grpo_knobs.knobs import KNOB_NAMES, LR_FOLLOWUP_ARM, STUDY_ARMS
 from grpo_knobs.records import RunDir, atomic_write_json
 from grpo_knobs.study import run as study_run
@@ -546,3 +547,22 @@ def test_parallel_workers_start_the_longest_runs_first(monkeypatch):
     ]
     study._execute_all(units, jobs=2, desc="t", progress=False)
     assert set(started[:2]) == {"long", "mid"} and started[2] == "short"  # the two workers take the longest
+
+
+def test_deterministic_runs_past_what_fits_on_a_gpu_are_refused_before_anything_starts(tmp_path, monkeypatch):
+    """A deterministic run sizes its micro-batches to 35% of its GPU's memory: three on one GPU are refused at
+    once (one line naming the fix); two are not, nor three whose budget is set by hand or in default mode."""
+    defaults = yaml.safe_load(_write_plan(tmp_path / "base.yaml").read_text())["defaults"]
+    path = _write_plan(tmp_path / "plan.yaml", defaults=defaults | {"deterministic": True})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with pytest.raises(study.PlanError, match=r"--jobs 3 puts 3 runs side by side on a GPU .*Use --jobs 2"):
+        study.run_study(path, jobs=3, study_dir=tmp_path / "study", executor="inprocess", progress=False)
+    assert not (tmp_path / "study").exists()
+    det = RunConfig(deterministic=True)
+    study_run.check_gpu_sharing([det], jobs=2, gpus=1)
+    study_run.check_gpu_sharing([det], jobs=6, gpus=4)  # two on each of two GPUs, one on the others
+    with pytest.raises(study.PlanError, match="Use --jobs 8"):
+        study_run.check_gpu_sharing([det], jobs=9, gpus=4)
+    study_run.check_gpu_sharing([RunConfig(deterministic=True, packed_tokens_per_micro_batch=8192)], jobs=3, gpus=1)
+    study_run.check_gpu_sharing([RunConfig(deterministic=False)], jobs=3, gpus=1)
+    study_run.check_gpu_sharing([det], jobs=3, gpus=0)  # no GPU: nothing to share

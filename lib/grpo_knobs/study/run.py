@@ -117,6 +117,32 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
+# Deterministic runs that may share one GPU: each fixes its packed micro-batch size from 35% of the GPU's total
+# memory (``packing.memory_token_budget``), and holds its engine and weights beside that.
+DETERMINISTIC_RUNS_PER_GPU = 2
+
+
+def check_gpu_sharing(configs: list[RunConfig], jobs: int, gpus: int) -> None:
+    """Refuse more deterministic runs side by side on one GPU than fit in its memory (``jobs`` workers over
+    ``gpus`` devices; worker k on GPU k mod n), unless their micro-batch budget is set smaller by hand."""
+    per_gpu = -(-jobs // gpus) if gpus else 1
+    sized = [c for c in configs if c.deterministic and c.packed_tokens_per_micro_batch is None]
+    if per_gpu > DETERMINISTIC_RUNS_PER_GPU and any(c.trainer_path != "padded" for c in sized):
+        raise PlanError(
+            f"--jobs {jobs} puts {per_gpu} runs side by side on a GPU ({gpus} visible); a deterministic run sizes "
+            f"its packed micro-batches to 35% of its GPU's memory, so more than {DETERMINISTIC_RUNS_PER_GPU} run "
+            f"out of it. Use --jobs {DETERMINISTIC_RUNS_PER_GPU * gpus}, or give the preset's runs a "
+            "packed_tokens_per_micro_batch that fits."
+        )
+
+
+def _check_sharing(p: Plan, phases: list[str], only: list[str] | None, jobs: int, scheduler: str) -> None:
+    """``check_gpu_sharing`` for the runs this call may train (Ray gives each run a GPU of its own)."""
+    if scheduler == "local" and jobs > 1:
+        chosen = _filter([r for r in p.runs if not r.placeholder and r.phase in phases], only)
+        check_gpu_sharing([r.config for r in chosen], jobs, len(visible_gpus()))
+
+
 # Seconds a worker has to record its run as interrupted after a Ctrl-C, then after SIGTERM, before SIGKILL.
 WORKER_STOP_SECONDS = (120, 30)
 
@@ -379,6 +405,7 @@ def run_study(
     check_scheduler(scheduler, jobs, ray_address)
     executor = _resolve_executor(executor)
     p = plan(preset, study_dir=study_dir, params=params)
+    _check_sharing(p, phases, only, jobs, scheduler)
     # One writer per study: a second study command on this directory stops here, at once. A Ctrl-C
     # (or SIGTERM) starts no further run and ends the running ones recorded as interrupted.
     with exclusive(study_lock_path(p.study_dir), f"study {p.study_dir}"), interrupts():
@@ -450,6 +477,7 @@ def _run_phases(
             report.results.append(JobResult("selection", "selection", "complete"))
             p = plan(preset, study_dir=p.study_dir, params=params)
             _check_drift([r for r in p.runs if not r.placeholder and r.phase in phases])
+            _check_sharing(p, phases, only, jobs, scheduler)  # the confirmation runs are concrete now
             _write_plan_snapshot(p)
             continue
         if phase in ("confirmation", "test") and not p.selected:
