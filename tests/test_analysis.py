@@ -1319,3 +1319,34 @@ def test_run_path_note_only_when_paths_mix(study):
     runs["rollout_path"] = "fused"  # one decode path, two trainer paths
     runs["trainer_path"] = np.where(runs["seed"] == 1, "padded", "packed-liger")
     assert "(runs per path: fused / packed-liger 6, fused / padded 3)" in an.run_path_note(runs, "countdown")
+
+
+def test_shared_device_finds_runs_whose_spans_overlap_on_one_device():
+    devices = pd.Series(["gpu-a", "gpu-a", "gpu-a", "gpu-b", "gpu-a", None])
+    starts = pd.Series([0.0, 100.0, 150.0, 120.0, 400.0, 130.0])
+    seconds = pd.Series([103.0, 80.0, 40.0, 60.0, 50.0, 60.0])
+    # 0 ends 3 s into 1 (within the slack of starts recorded to the second); 1 and 2 overlap for 30 s;
+    # 3 overlaps them in time on another GPU; 4 comes later; 5 recorded no device.
+    assert an.shared_device(devices, starts, seconds).tolist() == [False, True, True, False, False, False]
+
+
+def test_committed_seeds20_runs_side_by_side_are_found_from_their_records():
+    """Seeds 8-14 of seeds20 trained two or three at a time on one H200, seeds 1-7 one at a time."""
+    runs = an.load_study(ROOT / "results" / "seeds20").runs
+    assert set(runs.loc[runs["seed"] <= 7, "device_use"]) == {"alone"}
+    assert set(runs.loc[runs["seed"] >= 8, "device_use"]) == {"shared"}
+
+
+def test_time_comparisons_leave_out_runs_that_shared_their_device(study):
+    runs = _runs(study, "countdown").copy()
+    pairs = an.default_comparisons(an.recipe_order(runs, "countdown", study.selection))
+    x, y = pairs[0]
+    runs["device_use"] = np.where((runs["label"] == x) & (runs["seed"] == 2), "shared", "alone")
+    times = an.paired_job_times(runs, "countdown", pairs).set_index("comparison")
+    assert times.at[f"{x} versus {y}", "n_seeds"] == 2 and times["n_seeds"].tolist().count(3) == 1
+    notes = an.job_time_path_notes(runs, "countdown", pairs)
+    assert len(notes) == 2 and all("seeds [2] left out (a run trained beside other runs" in n for n in notes)
+    assert "1 of 9 runs trained beside other runs on one device" in an.run_path_note(runs, "countdown")
+    cost = an.phase_cost_table(runs).set_index(["recipe", "device_use"])
+    assert cost.at[(x, "shared"), "n_runs"] == 1 and cost.at[(x, "alone"), "n_runs"] == 2
+    assert "device_use" not in an.phase_cost_table(runs.drop(columns="device_use")).columns

@@ -91,6 +91,15 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def placement_device(where: dict) -> str | None:
+    """The device a :func:`placement` names, as one key: its GPU's UUID where CUDA gives one, else the host and
+    the id ``CUDA_VISIBLE_DEVICES`` listed (or the index); off the GPU, the host and device ("host:cpu")."""
+    gpu = where.get("gpu") or {}
+    if gpu:
+        return gpu.get("uuid") or f"{where.get('hostname')}:{gpu.get('visible_id') or gpu.get('index')}"
+    return f"{where.get('hostname')}:{where.get('device')}" if where.get("hostname") else None
+
+
 def placement(device) -> dict:
     """Where this process trains: the host, the GPU as ``CUDA_VISIBLE_DEVICES`` exposes it (name,
     index in this process, the id it lists, UUID, PCI bus) and, under Ray, the node and task."""

@@ -35,8 +35,10 @@ Frames
     (``rollout_batch_size`` P, ``n_samples_per_prompt`` G,
     ``global_batch_size`` B, ``num_steps_per_rollout`` S); phase seconds are
     ``generation_seconds``, ``trainer_seconds``, ``sync_seconds``,
-    ``active_phase_seconds`` (their sum) and ``job_seconds``; accuracies are
-    fractions (``initial_accuracy``, ``final_accuracy``, ``test_accuracy``).
+    ``active_phase_seconds`` (their sum) and ``job_seconds``; ``device_use`` is
+    "shared" where a run trained beside other runs on its device (its times
+    include waiting for them; time comparisons leave it out), else "alone";
+    accuracies are fractions (``initial_accuracy``, ``final_accuracy``, ``test_accuracy``).
     :func:`load_reference` maps the study's published endpoints onto the same
     columns, so every run-level builder works on both.
 ``collections``
@@ -144,6 +146,7 @@ from grpo_knobs.analysis.loading import (
     load_reward_audits,
     load_rollout_benchmark,
     load_study,
+    shared_device,
     study_summary,
 )
 from grpo_knobs.analysis.ordering import order_tasks, recipe_order, sort_tasks
@@ -260,6 +263,7 @@ __all__ = [
     "load_reward_audits",
     "load_rollout_benchmark",
     "load_study",
+    "shared_device",
     "study_summary",
     # curves
     "TRAINING_SIGNALS",

@@ -108,38 +108,56 @@ def _run_paths(runs: pd.DataFrame) -> pd.DataFrame:
     return paths.assign(_path=paths["rollout_path"] + " / " + paths["trainer_path"])
 
 
+def _device_use(runs: pd.DataFrame) -> pd.Series:
+    """[runs] "shared" where a run trained beside other runs on its device (``loading.shared_device``), else
+    "alone" (also for records that cannot tell, such as the published study's)."""
+    return runs.get("device_use", pd.Series("alone", index=runs.index)).fillna("alone")
+
+
 def _task_runs(runs: pd.DataFrame, task: str) -> pd.DataFrame:
-    """The task's runs with their paths filled in (:func:`_run_paths`)."""
+    """The task's runs with their paths and device use filled in (:func:`_run_paths`, :func:`_device_use`)."""
     task_runs = runs[runs["task"] == task]
-    return task_runs.drop(columns=list(PATH_COLUMNS), errors="ignore").join(_run_paths(task_runs))
+    filled = task_runs.drop(columns=list(PATH_COLUMNS), errors="ignore").join(_run_paths(task_runs))
+    return filled.assign(device_use=_device_use(task_runs))
 
 
-def _seed_pairs(task_runs: pd.DataFrame, x: str, y: str) -> tuple[dict, dict[str, list], list]:
-    """Runs of ``x`` and ``y`` by seed, the seeds both ran split into those whose two runs share a
-    path (by path) and those on different paths."""
+def _seed_pairs(task_runs: pd.DataFrame, x: str, y: str) -> tuple[dict, dict[str, list], list, list]:
+    """Runs of ``x`` and ``y`` by seed, the seeds both ran split into those whose two runs had their device to
+    themselves and share a path (by path), those on different paths, and those where a run shared its device
+    (its times include waiting for the runs beside it)."""
     chosen = {label: task_runs[task_runs["label"] == label].set_index("seed") for label in (x, y)}
-    shared: dict[str, list] = {}
-    mixed = []
+    by_path: dict[str, list] = {}
+    mixed, crowded = [], []
     for seed in sorted(set(chosen[x].index) & set(chosen[y].index)):
         path = chosen[x].at[seed, "_path"]
-        if path == chosen[y].at[seed, "_path"]:
-            shared.setdefault(path, []).append(seed)
+        if "shared" in (chosen[x].at[seed, "device_use"], chosen[y].at[seed, "device_use"]):
+            crowded.append(seed)
+        elif path == chosen[y].at[seed, "_path"]:
+            by_path.setdefault(path, []).append(seed)
         else:
             mixed.append(seed)
-    return chosen, shared, mixed
+    return chosen, by_path, mixed, crowded
 
 
 def run_path_note(runs: pd.DataFrame, task: str) -> str | None:
-    """A line naming the decode and trainer paths when the task's runs used more than one, else
-    None: times in seconds then depend on the path as well as the recipe, while response counts do not."""
-    keys = _task_runs(runs, task)["_path"]
-    if keys.nunique() < 2:
-        return None
-    counts = ", ".join(f"{key} {n}" for key, n in keys.value_counts().sort_index().items())
-    return (
-        f"{task}: runs used more than one decode / trainer path (runs per path: {counts}); times in seconds "
-        "mix them, compare recipes on responses or within one path"
-    )
+    """Lines naming the decode and trainer paths when the task's runs used more than one, and the runs that
+    shared their device with other runs, else None: times in seconds then depend on the path, or on the runs
+    beside them, as well as on the recipe, while response counts do not."""
+    task_runs = _task_runs(runs, task)
+    keys, lines = task_runs["_path"], []
+    if keys.nunique() > 1:
+        counts = ", ".join(f"{key} {n}" for key, n in keys.value_counts().sort_index().items())
+        lines.append(
+            f"{task}: runs used more than one decode / trainer path (runs per path: {counts}); times in seconds "
+            "mix them, compare recipes on responses or within one path"
+        )
+    crowded = task_runs[task_runs["device_use"] == "shared"]
+    if len(crowded):
+        lines.append(
+            f"{task}: {len(crowded)} of {len(task_runs)} runs trained beside other runs on one device; their times "
+            "in seconds include waiting for them, compare recipes on responses or on runs that trained alone"
+        )
+    return "\n".join(lines) or None
 
 
 def trainer_path_note(runs: pd.DataFrame, task: str) -> str | None:
@@ -162,11 +180,16 @@ def job_time_path_notes(runs: pd.DataFrame, task: str, pairs: Sequence[tuple[str
     notes = []
     task_runs = _task_runs(runs, task)
     for x, y in pairs:
-        _, _, mixed = _seed_pairs(task_runs, x, y)
+        _, _, mixed, crowded = _seed_pairs(task_runs, x, y)
         if mixed:
             notes.append(
                 f"{task}: {x} versus {y}: job times of seeds {mixed} left out (runs on different decode or "
                 f"trainer paths); accuracy comparisons use every seed"
+            )
+        if crowded:
+            notes.append(
+                f"{task}: {x} versus {y}: job times of seeds {crowded} left out (a run trained beside other runs "
+                f"on one device); accuracy comparisons use every seed"
             )
     return notes
 
@@ -184,7 +207,7 @@ def paired_job_times(runs: pd.DataFrame, task: str, pairs: Sequence[tuple[str, s
     rows = []
     task_runs = _task_runs(runs, task)
     for x, y in pairs:
-        chosen, by_path, _ = _seed_pairs(task_runs, x, y)
+        chosen, by_path, _, _ = _seed_pairs(task_runs, x, y)
         for _, seeds in sorted(by_path.items()):  # one row per shared path
             a = chosen[x].loc[seeds, "job_seconds"].to_numpy() / 60  # [seeds]
             b = chosen[y].loc[seeds, "job_seconds"].to_numpy() / 60  # [seeds]
@@ -239,11 +262,11 @@ def phase_cost_table(runs: pd.DataFrame, labels: Sequence[str] | None = None) ->
     "Other" is job time minus the recorded phases (generation, trainer,
     sync), as in the study: it holds initialization, validation, checkpoint
     saving and orchestration. When the runs used more than one decode path
-    (``rollout_path``) or trainer path (``trainer_path``), each gets its own rows, since times
-    depend on them.
+    (``rollout_path``) or trainer path (``trainer_path``), or some trained beside other runs on
+    their device (``device_use``), each gets its own rows, since times depend on them.
     """
-    paths = _run_paths(runs)
-    split = [c for c in PATH_COLUMNS if paths[c].nunique() > 1]
+    paths = _run_paths(runs).assign(device_use=_device_use(runs))
+    split = [c for c in (*PATH_COLUMNS, "device_use") if paths[c].nunique() > 1]
     per_run = pd.DataFrame(
         {
             "task": runs["task"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Sequence
 
@@ -15,6 +16,7 @@ from grpo_knobs.analysis.constants import PHASES, SHAPE_COLUMNS, STUDY_RECIPE_NA
 from grpo_knobs.analysis.curves import _curve_endpoints, _test_endpoints, eval_curves
 from grpo_knobs.analysis.ordering import order_tasks
 from grpo_knobs.locations import REFERENCE_CSV
+from grpo_knobs.provenance import placement_device
 from grpo_knobs.records import read_collections
 
 EVAL_COLUMNS = (
@@ -278,6 +280,33 @@ def _is_run_folder(path: Path) -> bool:
     return not names or any(name in names for name in RUN_FILES)
 
 
+def _last_placement(meta: dict) -> tuple[str | None, float]:
+    """The device (``provenance.placement_device``) and start (epoch seconds) of the process that last trained
+    a run; (None, nan) for records older than ``placements``."""
+    placements = meta.get("placements") or []
+    if not placements or not placements[-1].get("started"):
+        return None, float("nan")
+    last = placements[-1]
+    return placement_device(last), datetime.strptime(last["started"], "%Y-%m-%dT%H:%M:%S%z").timestamp()
+
+
+def shared_device(devices: pd.Series, starts: pd.Series, seconds: pd.Series, slack: float = 5.0) -> np.ndarray:
+    """[runs] bool: the run trained on a device while another run trained there, its span [start, start +
+    job seconds] overlapping another's by more than ``slack`` seconds (starts are recorded to the second).
+    Such runs' times include waiting for each other. Runs without a recorded device or start are not shared."""
+    shared = np.zeros(len(devices), dtype=bool)
+    known = devices.notna().to_numpy() & starts.notna().to_numpy()
+    frame = pd.DataFrame(
+        {"device": devices.to_numpy(), "start": starts.to_numpy(), "end": (starts + seconds).to_numpy()}
+    ).assign(row=np.arange(len(devices)))[known]
+    for _, group in frame.groupby("device"):
+        start, end = group["start"].to_numpy(), group["end"].to_numpy()  # [n]
+        overlap = np.minimum(end[:, None], end[None, :]) - np.maximum(start[:, None], start[None, :])  # [n, n]
+        np.fill_diagonal(overlap, 0.0)
+        shared[group["row"].to_numpy()[(overlap > slack).any(axis=1)]] = True
+    return shared
+
+
 def load_study(study_dir: str | Path, statuses: Sequence[str] = ("complete",)) -> Study:
     """Load every run directory under ``study_dir``.
 
@@ -307,6 +336,7 @@ def load_study(study_dir: str | Path, statuses: Sequence[str] = ("complete",)) -
             initial.append(test.assign(task=meta["config"]["task"]))
             continue
         row = _run_config_row(meta)
+        row["_device"], row["_started"] = _last_placement(meta)
         state_path = run_dir / "state.json"
         status = _read_json(state_path).get("status", "unknown") if state_path.is_file() else "missing state.json"
         if status not in statuses:
@@ -331,6 +361,10 @@ def load_study(study_dir: str | Path, statuses: Sequence[str] = ("complete",)) -
         raise ValueError(f"no runs with status in {list(statuses)} under {root}")
 
     runs_df = pd.DataFrame(runs)
+    runs_df["device_use"] = np.where(
+        shared_device(runs_df["_device"], runs_df["_started"], runs_df["job_seconds"]), "shared", "alone"
+    )
+    runs_df = runs_df.drop(columns=["_device", "_started"])
     evals_df = pd.concat(evals, ignore_index=True)
     tests_df = pd.concat(tests, ignore_index=True) if tests else pd.DataFrame(columns=list(EVAL_COLUMNS))
     curves = eval_curves(evals_df)

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..provenance import placement_device
 from ..records import RunDir, atomic_write_json, read_json
 from .planning import TRAIN_PHASES
 from .units import JobResult
@@ -20,11 +21,9 @@ def _where(run: RunDir) -> dict[str, Any]:
     placements = read_json(run.config_path).get("placements") or [{}]
     last = placements[-1]
     gpu = last.get("gpu") or {}
-    # A GPU is its UUID where CUDA gives one, else the host and the id CUDA_VISIBLE_DEVICES listed.
-    local_id = gpu.get("visible_id") or gpu.get("index")
     return {
         "hostname": last.get("hostname"),
-        "gpu": gpu.get("uuid") or (f"{last.get('hostname')}:{local_id}" if gpu else None),
+        "gpu": placement_device(last) if gpu else None,
         "gpu_name": gpu.get("name"),
         "ray_node_id": last.get("ray_node_id"),
     }
