@@ -561,3 +561,23 @@ def test_init_profile_cpu(tmp_path):
     assert 0 < init_s <= setup_s
     assert "trainer.py" in proc.stdout and "(setup)" in proc.stdout
     assert not (tmp_path / "runs").exists()
+
+
+def test_side_by_side_trains_the_same_runs_one_and_two_at_a_time_cpu(tmp_path):
+    """Two arms of the same two deterministic runs: wall time and job time as ratios to the first arm, and
+    each seed's records identical across arms (a run does not depend on what runs beside it)."""
+    args = ["--out", str(tmp_path / "side"), "--runs", "2", "--json", str(tmp_path / "side.json"), *run_args("--base")]
+    proc = _bench("benchmarks.side_by_side", *args, "--jobs", "1,2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    saved = json.loads((tmp_path / "side.json").read_text())
+    assert saved["params"]["deterministic"] == "true" and saved["params"]["model"] == "tiny-random"
+    one, two = saved["arms"]
+    assert (one["jobs"], two["jobs"]) == (1, 2) and sorted(two["job_seconds"]) == ["1", "2"]
+    assert one["throughput_ratio"] == 1.0 and two["throughput_ratio"] > 0 and two["identical_to_first"] is True
+    names = sorted(p.name for p in (tmp_path / "side" / "jobs-2").iterdir() if not p.name.startswith("."))
+    assert names == ["s1", "s1.log", "s2", "s2.log"]
+    assert "runs/min" in proc.stdout and proc.stdout.rstrip().endswith("yes")
+    again = _bench("benchmarks.side_by_side", *args, "--jobs", "1,2")  # never over finished runs
+    assert again.returncode == 2 and "is not empty; give a new --out" in again.stderr
+    bad = _bench("benchmarks.side_by_side", "--out", str(tmp_path / "new"), "--jobs", "1,zero")
+    assert bad.returncode == 2 and "--jobs takes positive integers" in bad.stderr.strip().splitlines()[-1]
