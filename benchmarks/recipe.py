@@ -1,7 +1,9 @@
 """The batch-256 recipe's phase times, several settings side by side in one run.
 
 Each arm is one `grpo-knobs train` of the recipe (64/8/256/2, LR 2e-5, 256-token cap, 16,384 responses,
-countdown-2x10) in a fresh process, as a study runs it, with the arm's overrides. The table gives each
+countdown-2x10) in a fresh process, as a study's worker runs it, with the arm's overrides; with ``--in-process``
+the arms train one after another in this process, as the study's inprocess executor runs them (only the first
+pays the imports in its ``init``). The table gives each
 phase's seconds per arm and its ratio to the first arm, then what each run learned (so a faster setting
 is seen to learn within the same spread). ``--compare A,B`` runs ``grpo-knobs compare-runs`` on two
 arms; ``--archive`` adds each run's records (not its checkpoint) to a tar file as soon as it finishes.
@@ -49,29 +51,51 @@ RECORDS = (
 )
 
 
-def run_arm(name: str, overrides: dict[str, str], out: Path, base: dict, code: Code) -> dict:
+def run_arm(name: str, overrides: dict[str, str], out: Path, base: dict, code: Code, in_process: bool = False) -> dict:
     from grpo_knobs.provenance import source_sha256
 
     params = {k: str(v) for k, v in base.items()} | overrides | {"output_dir": str(out), "run_id": name}
     start = time.perf_counter()
-    with open(out / f"{name}.log", "w") as log:
-        proc = subprocess.run(train_command(params), stdout=log, stderr=subprocess.STDOUT, env=code.env())
+    returncode = train_here(params, out / f"{name}.log") if in_process else train_process(params, out, name, code)
     wall = time.perf_counter() - start
     run = out / name
-    row = {"arm": name, "overrides": overrides, "returncode": proc.returncode, "process_seconds": wall}
+    row = {"arm": name, "overrides": overrides, "returncode": returncode, "process_seconds": wall}
+    row["in_process"] = in_process
     row["code"] = {"label": code.label, "lib": str(code.lib or ""), "commit": code.commit}
     row["code"]["source_sha256"] = source_sha256(code.package_dir())
-    if proc.returncode == 0:
+    if returncode == 0:
         row |= run_record(run)
         recorded = json.loads((run / "config.json").read_text()).get("source_sha256")
         # None: a revision that records no source hash
         row["code"]["ran"] = None if recorded is None else recorded == row["code"]["source_sha256"]
     print(
-        f"{name} ({code.label}): exit {proc.returncode}, {wall:.1f} s"
+        f"{name} ({code.label}{', in this process' if in_process else ''}): exit {returncode}, {wall:.1f} s"
         + (f", job {row['timings']['job']:.1f} s" if "timings" in row else "")
         + ("; its recorded source hash is not that code's: PYTHONPATH?" if row["code"].get("ran") is False else "")
     )
     return row
+
+
+def train_process(params: dict[str, str], out: Path, name: str, code: Code) -> int:
+    """``grpo-knobs train`` in a fresh process (its imports and set-up count in its ``init``); its exit code."""
+    with open(out / f"{name}.log", "w") as log:
+        return subprocess.run(train_command(params), stdout=log, stderr=subprocess.STDOUT, env=code.env()).returncode
+
+
+def train_here(params: dict[str, str], log: Path) -> int:
+    """The run in this process, as a study's inprocess executor trains its runs one after another: only the
+    first run in the process pays the imports. 0, or 1 with the traceback in ``log``."""
+    import traceback
+
+    from grpo_knobs.config import RunConfig, parse_overrides
+    from grpo_knobs.trainer import train
+
+    try:
+        train(RunConfig.from_dict(parse_overrides([f"{k}={v}" for k, v in params.items()])), progress=False)
+    except Exception:
+        log.write_text(traceback.format_exc())
+        return 1
+    return 0
 
 
 def train_command(params: dict[str, str]) -> list[str]:
@@ -136,14 +160,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compare", action="append", default=[], metavar="A,B", help="compare-runs on two arms.")
     p.add_argument("--archive", type=Path, default=None, help="tar file each finished run's records are added to.")
     p.add_argument("--json", type=Path, default=None, help="Write the rows as JSON.")
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="Train the arms one after another in this process, as a study's inprocess executor does (the first "
+        "arm pays the imports); arms of this checkout only.",
+    )
     a = p.parse_args(argv)
     base = RECIPE | dict(kv.split("=", 1) for kv in a.base)
     arms = [parse_arm(x) for x in a.arm]
     a.out.mkdir(parents=True, exist_ok=True)
     codes = [code_for_arm(name, overrides, a.out) for name, overrides in arms]  # every arm checked first
+    if a.in_process and any(code.lib for code in codes):
+        p.error("--in-process runs this checkout's library; an arm with code= or rev= needs a process of its own")
     rows = []
     for (name, overrides), code in zip(arms, codes):
-        rows.append(run_arm(name, overrides, a.out, base, code))
+        rows.append(run_arm(name, overrides, a.out, base, code, a.in_process))
         if a.archive:
             archive(a.out / name, a.archive)
         if a.json:

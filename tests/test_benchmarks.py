@@ -581,3 +581,19 @@ def test_side_by_side_trains_the_same_runs_one_and_two_at_a_time_cpu(tmp_path):
     assert again.returncode == 2 and "is not empty; give a new --out" in again.stderr
     bad = _bench("benchmarks.side_by_side", "--out", str(tmp_path / "new"), "--jobs", "1,zero")
     assert bad.returncode == 2 and "--jobs takes positive integers" in bad.stderr.strip().splitlines()[-1]
+
+
+def test_recipe_in_process_trains_arms_one_after_another_cpu(tmp_path):
+    """--in-process: the arms train in the benchmark's own process, as a study's inprocess executor trains its
+    runs, so the first arm's init holds the imports and the second's does not; another revision is refused."""
+    args = ["--out", str(tmp_path / "runs"), "--json", str(tmp_path / "r.json"), "--in-process", *run_args("--base")]
+    proc = _bench("benchmarks.recipe", *args, "--arm", "first:seed=1", "--arm", "second:seed=2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    first, second = json.loads((tmp_path / "r.json").read_text())
+    assert first["in_process"] and second["in_process"] and "first (this checkout, in this process)" in proc.stdout
+    assert second["timings"]["init"] < first["timings"]["init"] / 2  # the imports were paid once
+    recorded = json.loads((tmp_path / "runs" / "second" / "config.json").read_text())
+    assert recorded["config"]["seed"] == 2 and recorded["config"]["model"] == "tiny-random"
+    other = _other_revision(tmp_path)
+    bad = _bench("benchmarks.recipe", *args, "--arm", "here", "--arm", f"there:code={other}")
+    assert bad.returncode == 2 and "--in-process runs this checkout's library" in bad.stderr.strip().splitlines()[-1]
