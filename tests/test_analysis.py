@@ -1350,3 +1350,30 @@ def test_time_comparisons_leave_out_runs_that_shared_their_device(study):
     cost = an.phase_cost_table(runs).set_index(["recipe", "device_use"])
     assert cost.at[(x, "shared"), "n_runs"] == 1 and cost.at[(x, "alone"), "n_runs"] == 2
     assert "device_use" not in an.phase_cost_table(runs.drop(columns="device_use")).columns
+
+
+def test_seed_scores_and_their_figure_for_the_registered_comparisons():
+    """On the committed seeds20 records: one score per tested seed of every compared recipe, whose means are
+    the table's recipe means; the figure has a panel per task and one interval row per comparison."""
+    from grpo_knobs import plots
+    from grpo_knobs.study import registered_analysis
+
+    registered, _ = registered_analysis(ROOT / "results" / "seeds20", "seeds20")
+    st = an.load_study(ROOT / "results" / "seeds20")
+    table = an.preregistered_comparisons(st.runs, st.tests, registered)
+    scores = an.seed_test_scores(st.runs, st.tests, registered)
+    assert list(dict.fromkeys(zip(scores["task"], scores["arm"]))) == [
+        ("countdown-2x10", "batch-256"),
+        ("countdown-2x10", "onpolicy-small"),
+        ("countdown-2x10", "split-8"),
+        ("countdown-2x99", "group-32"),
+        ("countdown-2x99", "batch-256"),
+    ]
+    means = scores.groupby(["task", "arm"])["test_pct"].mean()
+    for r in table.itertuples():
+        assert means[(r.task, r.x)] == pytest.approx(r.x_pct) and means[(r.task, r.y)] == pytest.approx(r.y_pct)
+        assert (scores["arm"] == r.x).groupby(scores["task"]).sum()[r.task] == r.n_seeds_x
+    fig = plots.preregistered_figure(scores, table, "t")
+    assert [ax.get_title(loc="left") for ax in fig.axes[:2]] == ["countdown-2x10", "countdown-2x99"]
+    assert len(fig.axes[2].get_yticks()) == len(table) == 4
+    plt.close(fig)

@@ -290,6 +290,7 @@ def test_a_fixed_recipe_study_trains_tests_and_times_its_runs(tmp_path):
         ["split-vs-small", "t-split", "t-small", 1, 1, 4, True]
     ]
     assert "1 library source(s)" in executed.read_text()
+    assert (tmp_path / "figs" / "preregistered_seeds.png").stat().st_size > 0  # the seeds and intervals drawn
 
 
 @needs_trainer

@@ -607,3 +607,60 @@ def category_curves_figure(
     axes[0, 0].set_ylabel("Validation accuracy (%)")
     axes[0, 0].set_ylim(-3, 103)
     return _title_and_legend_below(fig, axes[0, 0], title)
+
+
+def preregistered_figure(scores: pd.DataFrame, table: pd.DataFrame, title: str) -> Figure:
+    """Left, one panel per task: each compared recipe's test accuracy per seed (dots) and its seed mean
+    (bar). Right: every registered comparison x - y with its seed-level interval (thin, wide) and the
+    conditional one (thick), Holm's adjusted p beside it; a comparison short of its registered seeds
+    is marked a preview.
+
+    ``scores``: rows of (task, arm, seed, test_pct) (``analysis.seed_test_scores``); ``table``:
+    ``analysis.preregistered_comparisons``.
+    """
+    tasks = list(dict.fromkeys(scores["task"]))
+    widths = [scores.loc[scores["task"] == t, "arm"].nunique() for t in tasks]
+    fig, axes = plt.subplots(
+        1, len(tasks) + 1, figsize=(1.3 * sum(widths) + 6.0, 3.6), width_ratios=[*widths, 4.0], squeeze=False
+    )
+    colors = label_colors(list(dict.fromkeys(scores["arm"])))  # one color per recipe in every panel
+    jitter = np.random.default_rng(0)  # fixed: the figure is the same on every run
+    for ax, task in zip(axes[0], tasks):
+        t = scores[scores["task"] == task]
+        arms = list(dict.fromkeys(t["arm"]))
+        for i, arm in enumerate(arms):
+            v = t.loc[t["arm"] == arm, "test_pct"].to_numpy()  # [seeds]
+            ax.plot(i + jitter.uniform(-0.15, 0.15, len(v)), v, "o", ms=3.5, alpha=0.7, color=colors[arm])
+            ax.hlines(v.mean(), i - 0.32, i + 0.32, color="k", lw=1.6)
+        ax.set_xticks(range(len(arms)), [f"{a}\nn = {(t['arm'] == a).sum()}" for a in arms], fontsize=7)
+        ax.set_xlim(-0.6, len(arms) - 0.4)
+        ax.set_ylabel("Test accuracy (%), one dot per seed")
+        ax.set_title(task, loc="left", fontsize=9)
+    ax = axes[0][-1]
+    y = np.arange(len(table))[::-1]
+    for yi, r in zip(y, table.itertuples(index=False)):
+        if np.isnan(r.perm_p):
+            continue
+        ax.hlines(yi, r.seed_low_pp, r.seed_high_pp, color="tab:blue", lw=1.2, label="seed-level 95%")
+        ax.hlines(yi, r.cond_low_pp, r.cond_high_pp, color="tab:orange", lw=4.5, alpha=0.8, label="conditional 95%")
+        ax.plot(r.mean_pp, yi, "o", color="k", ms=4)
+        preview = "" if r.complete else f"\npreview, {min(r.n_seeds_x, r.n_seeds_y)} of {r.registered_seeds} seeds"
+        ax.annotate(
+            f"Holm p {r.holm_p:.2f}{preview}",
+            (1.0, yi),
+            xycoords=("axes fraction", "data"),
+            xytext=(4, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=7,
+        )
+    ax.axvline(0, color="grey", lw=0.8, ls="--")
+    ax.set_yticks(y, [f"{r.task}:\n{r.x} - {r.y}" for r in table.itertuples()], fontsize=7)
+    ax.set_ylim(-0.6, len(table) - 0.4)
+    ax.set_xlabel("Difference x - y in test accuracy (pp)")
+    handles, names = ax.get_legend_handles_labels()
+    unique = dict(zip(names, handles))
+    ax.legend(unique.values(), unique.keys(), fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig

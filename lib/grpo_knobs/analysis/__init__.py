@@ -159,6 +159,7 @@ from grpo_knobs.analysis.preregistered import (
     preregistered_comparisons,
     rerun_groups,
     rerun_matrix,
+    seed_test_scores,
     variance_split_of_folders,
     variance_split_table,
 )
@@ -300,6 +301,7 @@ __all__ = [
     "preregistered_comparisons",
     "rerun_groups",
     "rerun_matrix",
+    "seed_test_scores",
     "variance_split_of_folders",
     "variance_split_table",
     # time_to_target

@@ -148,6 +148,20 @@ def preregistered_comparisons(
     return table.reindex(columns=columns)
 
 
+def seed_test_scores(runs: pd.DataFrame, tests: pd.DataFrame, registered: dict) -> pd.DataFrame:
+    """Test accuracy (%) of every compared recipe's registered, tested seeds: one row per run
+    (task, arm, seed, test_pct), recipes in the order the registered comparisons name them."""
+    runs = runs[runs["phase"] == "confirmation"]
+    recipes = dict.fromkeys((c["task"], arm) for c in registered["comparisons"] for arm in (c["x"], c["y"]))
+    rows = []
+    for task, arm in recipes:
+        seeds = _seeds_used(_tested(runs, tests, task, arm), registered["seeds"][task], None)
+        if seeds:
+            scores, _ = _scores(runs, tests, task, arm, seeds)  # [seeds, problems]
+            rows += [(task, arm, s, 100 * v) for s, v in zip(seeds, scores.mean(axis=1))]
+    return pd.DataFrame(rows, columns=["task", "arm", "seed", "test_pct"])
+
+
 def format_preregistered(table: pd.DataFrame, registered: dict) -> pd.DataFrame:
     """Display strings of :func:`preregistered_comparisons` rows."""
     level = f"{100 * registered['confidence']:g}%"
