@@ -528,12 +528,42 @@ def test_collection_timeline_times_both_prompt_reads_in_one_run(tmp_path):
     assert list(arms) == ["shared", "own"] and all(len(c) == 1 for c in arms.values())
     assert arms["shared"][0]["response_length_mean"] == arms["own"][0]["response_length_mean"]  # same draws
     titles = [line for line in proc.stdout.splitlines() if ", prompt reads " in line]
-    assert [t.split(", prompt reads ")[1].split(":")[0] for t in titles] == ["shared", "own"]
+    assert [t.split(", prompt reads ")[1].split(",")[0] for t in titles] == ["shared", "own"]
     ratio = [line for line in proc.stdout.splitlines() if line.startswith("ms per step, shared / own: ")]
     assert len(ratio) == 1 and "step 6: " in ratio[0] and "; wall " in ratio[0]
     bad = _bench("benchmarks.collection_timeline", *args, "--prompt-reads", "both")
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1] == (
         "--prompt-reads takes shared and/or own, comma-separated, got 'both'"
+    )
+
+
+def test_collection_timeline_times_the_gate_activation_fused_and_separate(tmp_path):
+    """--gate-act fused,separate on the fused path: the same draws in both arms, the per-width ratio printed;
+    varying both settings at once is refused in one line."""
+    result = tmp_path / "timeline.json"
+    args = ["--model", "tiny-random", "--prompts", "2", "--group", "3", "--max-new-tokens", "6", "--path", "fused"]
+    proc = _bench(
+        "benchmarks.collection_timeline",
+        *args,
+        "--collections",
+        "1",
+        "--gate-act",
+        "fused,separate",
+        "--json",
+        str(result),
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    arms = json.loads(result.read_text())["arms"]
+    assert list(arms) == ["gate-act fused", "gate-act separate"]
+    assert arms["gate-act fused"][0]["response_length_mean"] == arms["gate-act separate"][0]["response_length_mean"]
+    assert any(
+        line.startswith("ms per step, gate-act fused / gate-act separate: ") for line in proc.stdout.splitlines()
+    )
+    bad = _bench(
+        "benchmarks.collection_timeline", *args, "--prompt-reads", "shared,own", "--gate-act", "fused,separate"
+    )
+    assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1] == (
+        "vary one of --prompt-reads and --gate-act at a time"
     )
 
 
