@@ -558,6 +558,11 @@ def test_deterministic_runs_past_what_fits_on_a_gpu_are_refused_before_anything_
     with pytest.raises(study.PlanError, match=r"--jobs 3 puts 3 runs side by side on a GPU .*Use --jobs 2"):
         study.run_study(path, jobs=3, study_dir=tmp_path / "study", executor="inprocess", progress=False)
     assert not (tmp_path / "study").exists()
+    planned, phases = study.plan(path, study_dir=tmp_path / "done"), list(study_run.PHASE_ORDER)
+    with pytest.raises(study.PlanError):
+        study_run._check_sharing(planned, phases, None, 3, "local")
+    monkeypatch.setattr(study_run.RunDir, "is_complete", lambda self: True)  # nothing left to train: not refused
+    study_run._check_sharing(planned, phases, None, 3, "local")
     det = RunConfig(deterministic=True)
     study_run.check_gpu_sharing([det], jobs=2, gpus=1)
     study_run.check_gpu_sharing([det], jobs=6, gpus=4)  # two on each of two GPUs, one on the others

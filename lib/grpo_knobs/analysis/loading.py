@@ -293,7 +293,9 @@ def _last_placement(meta: dict) -> tuple[str | None, float]:
 def shared_device(devices: pd.Series, starts: pd.Series, seconds: pd.Series, slack: float = 5.0) -> np.ndarray:
     """[runs] bool: the run trained on a device while another run trained there, its span [start, start +
     job seconds] overlapping another's by more than ``slack`` seconds (starts are recorded to the second).
-    Such runs' times include waiting for each other. Runs without a recorded device or start are not shared."""
+    Such runs' times include waiting for each other. Runs without a recorded device or start are not shared.
+    A resumed run's span starts at its last process and counts its job seconds from before the resume too, so
+    it can reach over the next run in that process: an error that leaves times out, never mixes them in."""
     shared = np.zeros(len(devices), dtype=bool)
     known = devices.notna().to_numpy() & starts.notna().to_numpy()
     frame = pd.DataFrame(

@@ -140,7 +140,8 @@ def _check_sharing(p: Plan, phases: list[str], only: list[str] | None, jobs: int
     """``check_gpu_sharing`` for the runs this call may train (Ray gives each run a GPU of its own)."""
     if scheduler == "local" and jobs > 1:
         chosen = _filter([r for r in p.runs if not r.placeholder and r.phase in phases], only)
-        check_gpu_sharing([r.config for r in chosen], jobs, len(visible_gpus()))
+        left = [r for r in chosen if not RunDir(p.study_dir / r.run_id).is_complete()]
+        check_gpu_sharing([r.config for r in left], jobs, len(visible_gpus()))
 
 
 # Seconds a worker has to record its run as interrupted after a Ctrl-C, then after SIGTERM, before SIGKILL.
