@@ -139,9 +139,9 @@ def check_gpu_sharing(configs: list[RunConfig], jobs: int, gpus: int) -> None:
 def _check_sharing(p: Plan, phases: list[str], only: list[str] | None, jobs: int, scheduler: str) -> None:
     """``check_gpu_sharing`` for the runs this call may train (Ray gives each run a GPU of its own)."""
     if scheduler == "local" and jobs > 1:
-        chosen = _filter([r for r in p.runs if not r.placeholder and r.phase in phases], only)
-        left = [r for r in chosen if not RunDir(p.study_dir / r.run_id).is_complete()]
-        check_gpu_sharing([r.config for r in left], jobs, len(visible_gpus()))
+        chosen, complete = _filter([r for r in p.runs if not r.placeholder and r.phase in phases], only), _complete(p)
+        left = [r.config for r in chosen if r.run_id not in complete]  # only runs left to train count
+        check_gpu_sharing(left, jobs, len(visible_gpus()))
 
 
 # Seconds a worker has to record its run as interrupted after a Ctrl-C, then after SIGTERM, before SIGKILL.
@@ -433,10 +433,14 @@ def _tested(p: Plan) -> set[str]:
     return {t.run_id for t in p.tests if RunDir(p.study_dir / t.run_id).test_path.exists()}
 
 
+def _complete(p: Plan) -> set[str]:
+    """Run ids of the plan's complete runs, as their directories say."""
+    return {r.run_id for r in p.runs if not r.placeholder and RunDir(p.study_dir / r.run_id).is_complete()}
+
+
 def _finished(p: Plan) -> tuple[set[str], set[str]]:
-    """Run ids of the plan's complete runs, and ``_tested``, as the directories say."""
-    runs = {r.run_id for r in p.runs if not r.placeholder and RunDir(p.study_dir / r.run_id).is_complete()}
-    return runs, _tested(p)
+    """``_complete`` and ``_tested``."""
+    return _complete(p), _tested(p)
 
 
 def _finished_since(p: Plan, before: tuple[set[str], set[str]]) -> list[JobResult]:
