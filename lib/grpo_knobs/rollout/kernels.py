@@ -13,7 +13,7 @@ adds inside them and attention is split over the cache:
     norm_linear (qkv) -> rotary_attention -> linear_add (o) -> norm_linear (gate_up) -> silu_mul
     -> down GEMM adding into the stream
 
-where norm_linear_silu can take gate_up and silu_mul in one launch (``StaticDecoder.gate_act``).
+where norm_linear_silu can take gate_up and silu_mul in one launch (``StaticDecoder.fuse_gate_act``).
 
 The step opens with the embedding lookup (inside the first norm or the first norm_linear) and closes with
 the lm_head GEMM and sample_and_record: one pass over the logits split across programs, then a combine
