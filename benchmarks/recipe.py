@@ -87,11 +87,11 @@ def train_here(params: dict[str, str], log: Path) -> int:
     first run in the process pays the imports. 0, or 1 with the traceback in ``log``."""
     import traceback
 
-    from grpo_knobs.config import RunConfig, parse_overrides
+    from grpo_knobs.config import RunConfig
     from grpo_knobs.trainer import train
 
     try:
-        train(RunConfig.from_dict(parse_overrides([f"{k}={v}" for k, v in params.items()])), progress=False)
+        train(RunConfig.from_dict(params), progress=False)  # parses the strings as `-p key=value` does
     except Exception:
         log.write_text(traceback.format_exc())
         return 1
