@@ -12,10 +12,7 @@ span is GPU time including any gap in which the GPU waited for the host; the hos
         --json timeline.json
 
 ``--prompt-reads shared,own`` times the fused decode attention reading a group's prompt slots from one row
-(the default) and from each row's own copy, in one run, the two arms' collections interleaved;
-``--gate-act fused,separate`` likewise a narrow step's gate|up projection writing silu(gate) * up itself
-(``StaticDecoder.fuse_gate_act``) against the projection and silu_mul as two launches (the default).
-One of the two varies at a time.
+(the default) and from each row's own copy, in one run, the two arms' collections interleaved.
 """
 
 from __future__ import annotations
@@ -36,7 +33,6 @@ from benchmarks.rollout import gpu_slug
 
 PATHS = {"fused": "fused", "fast": True}
 PROMPT_READS = {"shared": True, "own": False}  # StaticDecoder.share_reads
-GATE_ACT = {"fused": True, "separate": False}  # StaticDecoder.fuse_gate_act
 
 
 class Timeline:
@@ -158,61 +154,48 @@ def main(argv=None) -> list[dict]:
         default="shared",
         help="comma list of shared (a group's prompt slots read from one row) and own (each row's copy)",
     )
-    ap.add_argument(
-        "--gate-act",
-        default="separate",
-        help="comma list of fused (gate|up writes silu(gate) * up at narrow steps) and separate (two launches)",
-    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    reads, acts = args.prompt_reads.split(","), args.gate_act.split(",")
+    reads = args.prompt_reads.split(",")
     if not reads or not set(reads) <= set(PROMPT_READS) or len(set(reads)) < len(reads):
         raise SystemExit(f"--prompt-reads takes shared and/or own, comma-separated, got {args.prompt_reads!r}")
-    if not acts or not set(acts) <= set(GATE_ACT) or len(set(acts)) < len(acts):
-        raise SystemExit(f"--gate-act takes fused and/or separate, comma-separated, got {args.gate_act!r}")
-    if len(reads) > 1 and len(acts) > 1:
-        raise SystemExit("vary one of --prompt-reads and --gate-act at a time")
-    # Each arm: (name, prompt reads, gate activation); named by the setting that varies.
-    settings = [(r, r, acts[0]) for r in reads] if len(acts) == 1 else [(f"gate-act {a}", reads[0], a) for a in acts]
 
     device = torch.device(args.device)
     model, tokenizer, info = load_model(args.model, device=device)
     batch = args.prompts * args.group
     arms = {}
-    for name, read, act in settings:
+    for read in reads:
         engine = HFEngine(
             model, tokenizer, device=device, fast=PATHS[args.path], max_batch_size=batch, return_logprobs=True
         )
-        engine.decoder.share_reads, engine.decoder.fuse_gate_act = PROMPT_READS[read], GATE_ACT[act]
-        arms[name] = (engine, Timeline(device))
-        instrument(engine.decoder, arms[name][1])
+        engine.decoder.share_reads = PROMPT_READS[read]
+        arms[read] = (engine, Timeline(device))
+        instrument(engine.decoder, arms[read][1])
     problems = load_split(args.task, "train")
-    collections: dict[str, list[dict]] = {name: [] for name in arms}
+    collections: dict[str, list[dict]] = {read: [] for read in reads}
     for c in range(args.collections + 1):  # the first is a warm-up: kernels compiled, graphs captured
         chosen = [problems[(c * args.prompts + i) % len(problems)] for i in range(args.prompts)]
         prompts = encode_prompts(chosen, tokenizer)
-        for name, (engine, timeline) in arms.items():  # interleaved: drift in clocks falls on both arms
+        for read, (engine, timeline) in arms.items():  # interleaved: drift in clocks falls on both arms
             result = one_collection(engine, timeline, prompts, args.group, args.max_new_tokens, seed=c)
             if c:
-                collections[name].append(result)
-    for (name, read, act), done in zip(settings, collections.values()):
+                collections[read].append(result)
+    for read, done in collections.items():
         print(
-            f"{info.name} on {gpu_slug(device)}, {args.path} path, prompt reads {read}, gate-act {act}: {args.task}, "
+            f"{info.name} on {gpu_slug(device)}, {args.path} path, prompt reads {read}: {args.task}, "
             f"{args.prompts} prompts x {args.group}, up to {args.max_new_tokens} tokens, T = 1; mean of "
             f"{len(done)} collections (mean length {sum(c['response_length_mean'] for c in done) / len(done):.0f}, "
             f"{sum(c['truncated'] for c in done) / len(done):.0f} responses at the cap)"
         )
         print(table(done))
-    if len(arms) == 2:
-        a, b = arms
-        print(step_ratios(collections[a], collections[b], f"{a} / {b}"))
+    if len(reads) == 2:
+        print(step_ratios(collections[reads[0]], collections[reads[1]], f"{reads[0]} / {reads[1]}"))
     print("spans are GPU time between stream marks (wall time on CPU); host after decoding is wall time.")
     if args.json:
-        first = collections[settings[0][0]]
-        saved = {"settings": vars(args) | {"json": str(args.json)}, "collections": first}
+        saved = {"settings": vars(args) | {"json": str(args.json)}, "collections": collections[reads[0]]}
         args.json.write_text(json.dumps(saved | {"arms": collections}))
         print(f"wrote {args.json}")
-    return collections[settings[0][0]]
+    return collections[reads[0]]
 
 
 def step_ratios(a: list[dict], b: list[dict], name: str) -> str:

@@ -508,48 +508,32 @@ def test_collection_timeline_cpu(tmp_path):
     assert [line.split()[0] for line in lines[2:4]] == ["prefill", "step"]
 
 
-def _timeline_arms(tmp_path, path: str, max_new_tokens: int, flag: str, values: str):
-    """collection_timeline on the tiny model with two arms of ``flag``, one timed collection each: the
-    finished process, the arguments before the flag, and the JSON's arms (checked to have drawn the same)."""
-    result = tmp_path / "timeline.json"
-    args = ["--model", "tiny-random", "--prompts", "2", "--group", "3", "--max-new-tokens", str(max_new_tokens)]
-    args += ["--path", path]
-    proc = _bench("benchmarks.collection_timeline", *args, "--collections", "1", flag, values, "--json", str(result))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    arms = json.loads(result.read_text())["arms"]
-    assert all(len(c) == 1 for c in arms.values())
-    assert len({c[0]["response_length_mean"] for c in arms.values()}) == 1  # same draws in both arms
-    return proc, args, arms
-
-
 def test_collection_timeline_times_both_prompt_reads_in_one_run(tmp_path):
     """--prompt-reads shared,own: one table per arm over the same prompts and seeds, then the per-width ratio;
     a value it does not know is refused in one line."""
-    proc, args, arms = _timeline_arms(tmp_path, "fast", 8, "--prompt-reads", "shared,own")
-    assert list(arms) == ["shared", "own"]
+    result = tmp_path / "timeline.json"
+    args = ["--model", "tiny-random", "--prompts", "2", "--group", "3", "--max-new-tokens", "8", "--path", "fast"]
+    proc = _bench(
+        "benchmarks.collection_timeline",
+        *args,
+        "--collections",
+        "1",
+        "--prompt-reads",
+        "shared,own",
+        "--json",
+        str(result),
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    arms = json.loads(result.read_text())["arms"]
+    assert list(arms) == ["shared", "own"] and all(len(c) == 1 for c in arms.values())
+    assert arms["shared"][0]["response_length_mean"] == arms["own"][0]["response_length_mean"]  # same draws
     titles = [line for line in proc.stdout.splitlines() if ", prompt reads " in line]
-    assert [t.split(", prompt reads ")[1].split(",")[0] for t in titles] == ["shared", "own"]
+    assert [t.split(", prompt reads ")[1].split(":")[0] for t in titles] == ["shared", "own"]
     ratio = [line for line in proc.stdout.splitlines() if line.startswith("ms per step, shared / own: ")]
     assert len(ratio) == 1 and "step 6: " in ratio[0] and "; wall " in ratio[0]
     bad = _bench("benchmarks.collection_timeline", *args, "--prompt-reads", "both")
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1] == (
         "--prompt-reads takes shared and/or own, comma-separated, got 'both'"
-    )
-
-
-def test_collection_timeline_times_the_gate_activation_fused_and_separate(tmp_path):
-    """--gate-act fused,separate on the fused path: the same draws in both arms, the per-width ratio printed;
-    varying both settings at once is refused in one line."""
-    proc, args, arms = _timeline_arms(tmp_path, "fused", 6, "--gate-act", "fused,separate")
-    assert list(arms) == ["gate-act fused", "gate-act separate"]
-    assert any(
-        line.startswith("ms per step, gate-act fused / gate-act separate: ") for line in proc.stdout.splitlines()
-    )
-    bad = _bench(
-        "benchmarks.collection_timeline", *args, "--prompt-reads", "shared,own", "--gate-act", "fused,separate"
-    )
-    assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1] == (
-        "vary one of --prompt-reads and --gate-act at a time"
     )
 
 

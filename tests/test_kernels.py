@@ -166,51 +166,6 @@ def test_silu_mul():
     torch.testing.assert_close(out, torch.nn.functional.silu(gate_up[:, :50]) * gate_up[:, 50:])
 
 
-@pytest.mark.parametrize("tiles", [{}, {"BM": 16, "BN": 16, "BK": 32}])
-def test_norm_linear_silu_is_norm_linear_then_silu_mul(tiles):
-    """silu(gate) * up of [gate | up] = RMSNorm(x) * gamma @ W^T in one launch; I = 40 and K = 80 leave
-    partial tiles in both loops, and the up rows start mid-tile."""
-    g = torch.Generator(DEVICE).manual_seed(9)
-    x, gamma, w = torch.randn(5, 80, generator=g), torch.randn(80, generator=g), torch.randn(80, 80, generator=g)
-    out = torch.empty(5, 40)
-    K.norm_linear_silu(x, gamma, 1e-5, w, out, **tiles)
-    gate_up = torch.nn.functional.linear(rms_norm(x, gamma), w)  # [5, 80]; |values| up to ~30
-    torch.testing.assert_close(out, torch.nn.functional.silu(gate_up[:, :40]) * gate_up[:, 40:], rtol=1e-4, atol=1e-4)
-    with pytest.raises(AssertionError, match="weight"):
-        K.norm_linear_silu(x, gamma, 1e-5, w[:70], out)  # not [gate | up] for 40 outputs
-
-
-def test_gated_tiles_split_no_k_and_match_the_product_they_replace():
-    """The gated launch has as many programs as the [M, 2I] product's and refuses a K split."""
-    dev = torch.device("cpu")
-    for M, N, K_ in ((16, 1536, 576), (64, 1536, 576), (16, 4096, 1536)):
-        plain, gated = K._linear_tiles(M, 2 * N, K_, dev), K.gated_tiles(M, N, K_, dev)
-        assert 2 * N // plain["BN"] == N // gated["BN"] and gated["SPLIT_K"] == plain["SPLIT_K"]
-        assert K.gated_fits(M, N, K_, dev) == (plain["SPLIT_K"] == 1)
-    assert K.gated_fits(16, 1536, 576, dev)  # SmolLM2-135M at a narrow step
-
-
-@pytest.mark.skipif(DEVICE == "cpu", reason="Triton 3.6's interpreter gets bf16 tl.dot wrong; a GPU compiles it")
-def test_norm_linear_silu_rounds_as_norm_linear_and_silu_mul_in_bf16():
-    """In bf16 the one launch writes what norm_linear then silu_mul write (gate and up rounded, then the
-    activation, then the product), bit for bit, at the decoder's narrow widths and SmolLM2's shapes."""
-    g = torch.Generator(DEVICE).manual_seed(10)
-    for M in (16, 32, 64):
-        x = torch.randn(M, 576, generator=g).to(torch.bfloat16)
-        gamma = torch.randn(576, generator=g).to(torch.bfloat16)
-        w = (torch.randn(3072, 576, generator=g) * 0.05).to(torch.bfloat16)
-        gate_up, two, one = (
-            torch.empty(M, 3072, dtype=torch.bfloat16),
-            torch.empty(M, 1536, dtype=torch.bfloat16),
-            None,
-        )
-        K.norm_linear(x, gamma, 1e-5, w, None, gate_up)
-        K.silu_mul(gate_up, two)
-        one = torch.empty_like(two)
-        K.norm_linear_silu(x, gamma, 1e-5, w, one)
-        assert torch.equal(one, two), f"{M} rows: {(one.float() - two.float()).abs().max()}"
-
-
 def test_sample_greedy_is_argmax_with_log_softmax():
     logits = torch.randn(5, 300, generator=torch.Generator(DEVICE).manual_seed(4))
     # exact ties go to the lowest column, as torch.argmax: across blocks (row 0) and across the

@@ -140,7 +140,6 @@ class StaticDecoder:
         keyed: bool = False,
         linear_rows: int = LINEAR_ROWS,
         share_reads: bool = True,
-        fuse_gate_act: bool = False,
     ):
         cfg = model.config
         layer_types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
@@ -185,10 +184,6 @@ class StaticDecoder:
         # share_reads: the fused attention reads a row's prompt slots from the first row that carries the same
         # prompt, so a group reads one copy (every row still holds its own, which compaction moves with it)
         self.share_reads = share_reads
-        # fuse_gate_act: a narrow step's gate|up projection writes silu(gate) * up itself (norm_linear_silu),
-        # one launch a layer fewer, where the K of one program allows. Set before the first run: captured
-        # graphs keep the launches they were captured with.
-        self.fuse_gate_act = fuse_gate_act
 
     def _allocate(self, rows: int, cap: int):
         """Grow the cache and step state; graphs captured on the old buffers are dropped with them."""
@@ -352,9 +347,8 @@ class StaticDecoder:
         """Six launches for a narrow step, where kernel latency rather than work sets the time: our GEMMs
         normalise their operand as they read it (q|k|v, gate|up) or add into the stream as they write
         (o_proj), and cuBLAS's down_proj adds into the stream (at K = I it beats ours; its sum is rounded
-        once, where the module rounds the product and then the sum). Five with ``fuse_gate_act``. h is not
-        used."""
-        from .kernels import embed_norm_linear, gated_fits, linear_add, norm_linear, norm_linear_silu, silu_mul
+        once, where the module rounds the product and then the sum). h is not used."""
+        from .kernels import embed_norm_linear, linear_add, norm_linear, silu_mul
 
         f, attn, mlp, B = self.fused, layer.self_attn, layer.mlp, x.shape[0]
         qkv = x.new_empty(B, f.wqkv[i].shape[0])  # [B, (Hq + 2 Hkv) * D]
@@ -364,13 +358,9 @@ class StaticDecoder:
             norm_linear(x, f.norms[2 * i], f.eps, f.wqkv[i], f.bqkv[i], qkv, self.counts)
         o = self._attend(i, layer, qkv, kv_len)  # [B, Hq * D]
         linear_add(o, attn.o_proj.weight, x, bias=attn.o_proj.bias, counts=self.counts)
-        act = x.new_empty(B, f.wgu[i].shape[0] // 2)  # [B, I]
-        if self.fuse_gate_act and gated_fits(B, act.shape[1], x.shape[1], x.device):
-            norm_linear_silu(x, f.norms[2 * i + 1], f.eps, f.wgu[i], act)
-        else:
-            gate_up = x.new_empty(B, f.wgu[i].shape[0])  # [B, 2I]
-            norm_linear(x, f.norms[2 * i + 1], f.eps, f.wgu[i], None, gate_up, self.counts)
-            silu_mul(gate_up, act)
+        gate_up = x.new_empty(B, f.wgu[i].shape[0])  # [B, 2I]
+        norm_linear(x, f.norms[2 * i + 1], f.eps, f.wgu[i], None, gate_up, self.counts)
+        act = silu_mul(gate_up, x.new_empty(B, gate_up.shape[1] // 2))  # [B, I]
         if mlp.down_proj.bias is None:
             x.addmm_(act, mlp.down_proj.weight.t())
         else:

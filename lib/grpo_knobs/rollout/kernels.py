@@ -13,8 +13,6 @@ adds inside them and attention is split over the cache:
     norm_linear (qkv) -> rotary_attention -> linear_add (o) -> norm_linear (gate_up) -> silu_mul
     -> down GEMM adding into the stream
 
-where norm_linear_silu can take gate_up and silu_mul in one launch (``StaticDecoder.fuse_gate_act``).
-
 The step opens with the embedding lookup (inside the first norm or the first norm_linear) and closes with
 the lm_head GEMM and sample_and_record: one pass over the logits split across programs, then a combine
 that also keeps the decoder's books (pad for finished rows, the output column, the stop check).
@@ -157,7 +155,6 @@ def _linear_kernel(
     GATHER: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     RESIDUAL: tl.constexpr,
-    GATED: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
@@ -167,8 +164,6 @@ def _linear_kernel(
     # from s * K_PER. With NORM, A is RMSNorm(A) * gamma, built as it is read (a first pass over the row
     # sums its squares) and rounded where the module rounds, so the product sees the operand a separate
     # norm kernel would have written. With SPLIT_K > 1 the last program of a tile to finish adds the splits.
-    # With GATED, W is [gate | up] ([2N, K]): the program also computes the up columns n + N and writes
-    # silu(gate) * up, rounded as silu_mul rounds it, so the [M, 2N] product is never stored.
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -196,7 +191,6 @@ def _linear_kernel(
             ss += tl.sum(xf * xf, axis=1)
         inv = 1.0 / tl.sqrt(ss / K + eps)  # [BM]
     acc = tl.zeros([BM, BN], tl.float32)
-    acc_up = tl.zeros([BM, BN], tl.float32)  # GATED only
     for k0 in range(0, K_PER, BK):
         ks = pid_k * K_PER + k0 + rk
         k_ok = ks < K
@@ -210,14 +204,6 @@ def _linear_kernel(
             a = tl.load(a_rows + ks[None, :], mask=ok, other=0.0).to(dtype)
         w = tl.load(w_ptr + rn[:, None] * K + ks[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)  # [BN, BK]
         acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)  # [BM, BN] float32
-        if GATED:
-            wu = tl.load(w_ptr + (rn + N)[:, None] * K + ks[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            acc_up = tl.dot(a, tl.trans(wu), acc_up, input_precision=PRECISION)  # [BM, BN] float32
-    if GATED:
-        tl.static_assert(SPLIT_K == 1, "a gated product is not split over K")
-        gate = acc.to(dtype).to(tl.float32)  # each product rounded, as the stored [gate | up] would be
-        act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        acc = act * acc_up.to(dtype).to(tl.float32)  # [BM, BN]: silu(gate) * up, rounded on store
     if SPLIT_K == 1:
         _linear_store(acc, bias_ptr, out_ptr, rm, rn, m_ok, n_ok, stride_out, dtype, HAS_BIAS, RESIDUAL)
     else:
@@ -259,13 +245,6 @@ def _linear_tiles(M: int, N: int, K: int, device: torch.device) -> dict:
     return {"BM": 16, "BN": bn, "BK": 64, "SPLIT_K": split_k, "num_warps": 4, "num_stages": 4}
 
 
-def gated_tiles(M: int, N: int, K: int, device: torch.device) -> dict:
-    """Launch shape of a gated _linear_kernel ([gate | up], N output columns): the column tiles of the
-    [M, 2N] product it replaces, halved, so as many programs run and each reads as many weight rows."""
-    launch = _linear_tiles(M, 2 * N, K, device)
-    return launch | {"BN": launch["BN"] // 2}
-
-
 def _linear(
     a,
     weight,
@@ -278,18 +257,14 @@ def _linear(
     tokens=None,
     x=None,
     residual=False,
-    gated=False,
     counts=None,
     **tiles,
 ):
-    """One launch of _linear_kernel: out [M, N] from a and weight [N, K], or with ``gated`` weight [2N, K]
-    (see the public wrappers)."""
-    M, N, K = out.shape[0], out.shape[1], weight.shape[1]
-    assert weight.shape[0] == (2 * N if gated else N), f"weight {tuple(weight.shape)} for out {tuple(out.shape)}"
+    """One launch of _linear_kernel: out [M, N] from a and weight [N, K] (see the public wrappers)."""
+    M, (N, K) = out.shape[0], weight.shape
     assert weight.is_contiguous() and out.stride(-1) == 1 and a.stride(-1) == 1
     assert tokens is None or norm, "the gathered stream is written in the norm's first pass"
-    launch = (gated_tiles(M, N, K, weight.device) if gated else _linear_tiles(M, N, K, weight.device)) | tiles
-    assert not gated or launch["SPLIT_K"] == 1, "a gated product is not split over K (see gated_tiles)"
+    launch = _linear_tiles(M, N, K, weight.device) | tiles
     bm, bn, bk, split_k = launch["BM"], launch["BN"], launch["BK"], launch.pop("SPLIT_K")
     grid = (triton.cdiv(M, bm), triton.cdiv(N, bn), split_k)
     k_per = triton.cdiv(triton.cdiv(K, split_k), bk) * bk  # K columns per split, whole BK blocks
@@ -320,7 +295,6 @@ def _linear(
         GATHER=tokens is not None,
         HAS_BIAS=bias is not None,
         RESIDUAL=residual,
-        GATED=gated,
         PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
         **launch,
     )
@@ -345,23 +319,6 @@ def norm_linear(
     shape (BM, BN, BK, SPLIT_K, num_warps, num_stages; benchmarks sweep it).
     """
     return _linear(x, weight, out, norm=True, bias=bias, gamma=gamma, eps=eps, x=x, counts=counts, **tiles)
-
-
-def norm_linear_silu(
-    x: torch.Tensor, gamma: torch.Tensor, eps: float, weight: torch.Tensor, out: torch.Tensor, **tiles
-) -> torch.Tensor:
-    """out = silu(gate) * up for [gate | up] = (RMSNorm(x) * gamma) @ weight^T, in one launch: norm_linear and
-    silu_mul without the [B, 2I] product between them, rounded as those two round.
-
-    x: [B, K] the residual stream; gamma: [K]; weight: [2I, K] contiguous, gate rows then up rows; out: [B, I].
-    Only where ``gated_tiles`` splits no K (``gated_fits``).
-    """
-    return _linear(x, weight, out, norm=True, gamma=gamma, eps=eps, x=x, gated=True, **tiles)
-
-
-def gated_fits(M: int, N: int, K: int, device: torch.device) -> bool:
-    """Whether ``norm_linear_silu`` can take an [M, N] output from K columns: one program covers its K."""
-    return gated_tiles(M, N, K, device)["SPLIT_K"] == 1
 
 
 def embed_norm_linear(
