@@ -1331,7 +1331,7 @@ def test_shared_device_finds_runs_whose_spans_overlap_on_one_device():
 
 
 def test_committed_seeds20_runs_side_by_side_are_found_from_their_records():
-    """Seeds 8-14 of seeds20 trained two or three at a time on one H200, seeds 1-7 one at a time."""
+    """Seeds 8-20 of seeds20 trained two or three at a time on one H200, seeds 1-7 one at a time."""
     runs = an.load_study(ROOT / "results" / "seeds20").runs
     assert set(runs.loc[runs["seed"] <= 7, "device_use"]) == {"alone"}
     assert set(runs.loc[runs["seed"] >= 8, "device_use"]) == {"shared"}
