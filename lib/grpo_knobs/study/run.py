@@ -260,12 +260,12 @@ class _TimeBudget:
     @classmethod
     def of(cls, p: Plan, deadline: float) -> "_TimeBudget":
         longest: dict[tuple[str, str], float] = {}
+        complete = _complete(p)
         for r in p.runs:
-            run = RunDir(p.study_dir / r.run_id)
-            if r.placeholder or not run.is_complete():
+            if r.run_id not in complete:
                 continue
             try:
-                job = run.job_seconds()
+                job = RunDir(p.study_dir / r.run_id).job_seconds()
             except (OSError, ValueError, KeyError, TypeError):
                 continue
             key = (r.config.task, r.config.arm)
