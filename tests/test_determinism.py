@@ -245,3 +245,29 @@ def test_trl_names_deterministic_full_determinism():
     cfg = RunConfig(deterministic=True)
     assert cfg.to_trl()["full_determinism"] is True
     assert RunConfig.from_trl(cfg.to_trl(), task=cfg.task).deterministic is True
+
+
+def test_rerun_trains_a_recorded_run_again_and_compares_the_two(three_runs, tmp_path):
+    """`grpo-knobs rerun` retrains a run from its config.json elsewhere and says it is identical (exit 0); it
+    never writes over the rerun or into the run itself, and refuses a run recorded from other library source
+    unless told to train anyway."""
+    tmp, a, _, _ = three_runs
+    out = tmp_path / "reruns"
+    proc = cli("rerun", str(a), "--out", str(out), "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "identical: 3 collections" in proc.stdout and (out / "a" / "digest.json").exists()
+    again = cli("rerun", str(a), "--out", str(out), cwd=tmp_path)
+    assert again.returncode == 2 and "already exists and is never overwritten; pass --resume" in again.stderr
+    itself = cli("rerun", str(a), "--out", str(a.parent), cwd=tmp_path)
+    assert itself.returncode == 2 and "itself; pass another --out" in itself.stderr
+
+    other = tmp_path / "other" / "a"
+    other.parent.mkdir()
+    subprocess.run(["cp", "-r", str(a), str(other.parent)], check=True)
+    meta = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps(meta | {"source_sha256": "0" * 64}))
+    refused = cli("rerun", str(other), "--out", str(tmp_path / "o"), cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0
+    assert "ran library source 000000000000" in refused.stderr and "--other-source" in refused.stderr
+    forced = cli("rerun", str(other), "--out", str(tmp_path / "o"), "--other-source", "--no-progress", cwd=tmp_path)
+    assert forced.returncode == 0 and "identical" in forced.stdout  # the same code after all

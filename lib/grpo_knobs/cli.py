@@ -249,6 +249,20 @@ def _cmd_compare_runs(a: argparse.Namespace) -> int:
     return 0 if comparison.identical else 1
 
 
+def _cmd_rerun(a: argparse.Namespace) -> int:
+    from .determinism import compare_runs, format_comparison, rerun_config
+    from .trainer import train
+
+    cfg = rerun_config(a.run, a.out, resume=a.resume, other_source=a.other_source)
+    a.resume_hint = f"grpo-knobs rerun {a.run} --out {a.out} --resume"
+    if not cfg.deterministic:
+        print("the run trained in default mode (deterministic=false): its rerun is not expected to be identical")
+    run_dir = train(cfg, progress=not a.no_progress)
+    comparison = compare_runs(a.run, run_dir)
+    print(format_comparison(comparison))
+    return 0 if comparison.identical else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="grpo-knobs", description=__doc__.splitlines()[0])
     p.add_argument("--debug", action="store_true", help=f"Show tracebacks (also: {DEBUG_ENV}=1).")
@@ -425,6 +439,20 @@ def build_parser() -> argparse.ArgumentParser:
     cr.add_argument("run_b", help="Another run directory.")
     cr.add_argument("--json", action="store_true")
     cr.set_defaults(func=_cmd_compare_runs)
+
+    rr = sub.add_parser(
+        "rerun",
+        help="Train a recorded run again from its config.json into another directory, then compare the two "
+        "(compare-runs). Exit 0 identical, 1 different.",
+    )
+    rr.add_argument("run", help="A run directory (its config.json names the parameters).")
+    rr.add_argument("--out", default="runs/reruns", help="Where the rerun writes OUT/<run_id> (default: runs/reruns).")
+    rr.add_argument("--resume", action="store_true", help="Continue a rerun that was cut short.")
+    rr.add_argument(
+        "--other-source", action="store_true", help="Train even if this library's source differs from the run's."
+    )
+    rr.add_argument("--no-progress", action="store_true")
+    rr.set_defaults(func=_cmd_rerun)
     return p
 
 

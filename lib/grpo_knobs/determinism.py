@@ -192,6 +192,37 @@ def compare_runs(a: str | Path, b: str | Path) -> RunComparison:
     )
 
 
+def rerun_config(run: str | Path, out: str | Path, *, resume: bool = False, other_source: bool = False):
+    """The config a recorded run trained with, writing to ``out``/<its run_id>: what ``grpo-knobs rerun`` trains.
+
+    Refuses (ValueError, one line) a rerun into the recorded run's own directory, and one on library source
+    other than the run's unless ``other_source``: a rerun of other code is a new run, not a check of this one.
+    """
+    from .config import RunConfig
+    from .provenance import source_sha256
+
+    recorded = RunDir(run)
+    if not recorded.config_path.exists():
+        raise FileNotFoundError(f"{recorded.path} is not a run directory (no config.json); pass a run directory.")
+    meta = read_json(recorded.config_path)
+    values = dict(meta.get("config") or {})
+    if not values:
+        raise ValueError(f"{recorded.config_path} records no run parameters ('config'); it cannot be rerun.")
+    destination = Path(out).resolve() / values["run_id"]
+    if destination == recorded.path.resolve():
+        raise ValueError(f"--out {out} would rerun into {recorded.path} itself; pass another --out directory.")
+    if not resume and destination.is_dir() and any(destination.iterdir()):
+        raise ValueError(f"{destination} already exists and is never overwritten; pass --resume, or another --out.")
+    ours, theirs = source_sha256(), meta.get("source_sha256")
+    if theirs and ours != theirs and not other_source:
+        commit = meta.get("git_commit") or "the commit that wrote it"
+        raise ValueError(
+            f"{recorded.path} ran library source {theirs[:12]}, this library is {ours[:12]}: a rerun would train "
+            f"other code. Install or check out {commit} (its lib/ is enough), or pass --other-source to train anyway."
+        )
+    return RunConfig.from_dict(values | {"output_dir": str(Path(out)), "resume": resume})
+
+
 def _config_differences(a: RunDir, b: RunDir) -> list[str]:
     ca, cb = read_json(a.config_path).get("config", {}), read_json(b.config_path).get("config", {})
     return [
