@@ -14,7 +14,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .records import COLLECTION_FIELDS, UPDATE_FIELDS, RunDir, atomic_write_json, read_json
 
@@ -27,6 +27,9 @@ _PLACEMENT_KEYS = ("run_id", "output_dir", "resume", "tracking_dir", "tracker", 
 DIGEST_FILE = "digest.json"
 # Fields are compared in the order the records define them (the collection's outcome before its diagnostics).
 _FIELD_ORDER = {name: i for i, name in enumerate(COLLECTION_FIELDS + UPDATE_FIELDS)}
+
+if TYPE_CHECKING:
+    from .config import RunConfig
 
 
 def _canonical(value: Any) -> str:
@@ -164,10 +167,7 @@ def first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any] | N
 
 def compare_runs(a: str | Path, b: str | Path) -> RunComparison:
     """Compare two run directories' deterministic content (see the module docstring)."""
-    run_a, run_b = RunDir(a), RunDir(b)
-    for run in (run_a, run_b):
-        if not run.config_path.exists():
-            raise FileNotFoundError(f"{run.path} is not a run directory (no config.json); pass two run directories.")
+    run_a, run_b = _recorded_run(a), _recorded_run(b)
     wa, wb = _recorded_weights(run_a), _recorded_weights(run_b)
     rows_a, rows_b = learning_rows(run_a), learning_rows(run_b)
     diff = Difference(None, None)
@@ -192,7 +192,15 @@ def compare_runs(a: str | Path, b: str | Path) -> RunComparison:
     )
 
 
-def rerun_config(run: str | Path, out: str | Path, *, resume: bool = False, other_source: bool = False):
+def _recorded_run(path: str | Path) -> RunDir:
+    """The run at ``path``; refuses (one line) a folder without the run's config.json."""
+    run = RunDir(path)
+    if not run.config_path.exists():
+        raise FileNotFoundError(f"{run.path} is not a run directory (no config.json); pass a run's folder.")
+    return run
+
+
+def rerun_config(run: str | Path, out: str | Path, *, resume: bool = False, other_source: bool = False) -> RunConfig:
     """The config a recorded run trained with, writing to ``out``/<its run_id>: what ``grpo-knobs rerun`` trains.
 
     Refuses (ValueError, one line) a rerun into the recorded run's own directory, and one on library source
@@ -201,11 +209,9 @@ def rerun_config(run: str | Path, out: str | Path, *, resume: bool = False, othe
     from .config import RunConfig
     from .provenance import source_sha256
 
-    recorded = RunDir(run)
-    if not recorded.config_path.exists():
-        raise FileNotFoundError(f"{recorded.path} is not a run directory (no config.json); pass a run directory.")
+    recorded = _recorded_run(run)
     meta = read_json(recorded.config_path)
-    values = dict(meta.get("config") or {})
+    values = meta.get("config") or {}
     if not values:
         raise ValueError(f"{recorded.config_path} records no run parameters ('config'); it cannot be rerun.")
     destination = Path(out).resolve() / values["run_id"]
