@@ -36,7 +36,7 @@ from benchmarks.rollout import gpu_slug
 
 PATHS = {"fused": "fused", "fast": True}
 PROMPT_READS = {"shared": True, "own": False}  # StaticDecoder.share_reads
-LAUNCHES = {"dependent": True, "plain": False}  # StaticDecoder.dependent_launch
+LAUNCHES = {"dependent": True, "late": "late", "plain": False}  # StaticDecoder.dependent_launch
 
 
 class Timeline:
@@ -177,7 +177,7 @@ def main(argv=None) -> list[dict]:
             model, tokenizer, device=device, fast=PATHS[args.path], max_batch_size=batch, return_logprobs=True
         )
         engine.decoder.share_reads = PROMPT_READS[read]
-        engine.decoder.dependent_launch = LAUNCHES[launch] and engine.decoder.fused is not None
+        engine.decoder.dependent_launch = LAUNCHES[launch] if engine.decoder.fused is not None else False
         name = read if len(launches) == 1 else launch if len(reads) == 1 else f"{read}/{launch}"
         arms[name] = (engine, Timeline(device))
         instrument(engine.decoder, arms[name][1])

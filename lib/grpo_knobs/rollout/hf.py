@@ -140,7 +140,7 @@ class StaticDecoder:
         keyed: bool = False,
         linear_rows: int = LINEAR_ROWS,
         share_reads: bool = True,
-        dependent_launch: bool = True,
+        dependent_launch: bool | str = False,
     ):
         cfg = model.config
         layer_types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
@@ -187,7 +187,7 @@ class StaticDecoder:
         self.share_reads = share_reads
         # dependent_launch: the fused kernels carry programmatic dependent launch on GPUs that have it
         # (kernels.dependent_launches), so each can start as the one before it ends; results are the same
-        self.dependent_launch = dependent_launch and self.fused is not None
+        self.dependent_launch = dependent_launch if self.fused is not None else False
 
     def _allocate(self, rows: int, cap: int):
         """Grow the cache and step state; graphs captured on the old buffers are dropped with them."""

@@ -70,12 +70,14 @@ def supports_dependent_launch(device: torch.device) -> bool:
 
 
 @contextlib.contextmanager
-def dependent_launches(on: bool = True):
+def dependent_launches(on: bool | str = True):
     """Launch this module's kernels with programmatic dependent launch while inside (where the GPU supports
-    it; a CUDA graph captured inside keeps it). Results are the same either way."""
+    it; a CUDA graph captured inside keeps it). Results are the same either way. "late": the next kernel may
+    start only as each program ends, not as it starts."""
     global _dependent
     before = _dependent
-    _dependent = on and torch.cuda.is_available() and supports_dependent_launch(torch.device("cuda"))
+    ok = on and torch.cuda.is_available() and supports_dependent_launch(torch.device("cuda"))
+    _dependent = ("late" if on == "late" else "early") if ok else False
     try:
         yield
     finally:
@@ -84,15 +86,16 @@ def dependent_launches(on: bool = True):
 
 def _launch() -> dict:
     """The PDL switch for one launch: the kernel's PDL constant and Triton's launch attribute."""
-    return {"PDL": True, "launch_pdl": True} if _dependent else {"PDL": False}
+    return {"PDL": 2 if _dependent == "late" else 1, "launch_pdl": True} if _dependent else {"PDL": 0}
 
 
 @triton.jit
 def _await_previous(PDL: tl.constexpr):
     """Under PDL: wait until the previous kernel has finished and its writes are visible (nothing may be read
     before this), then let the next kernel's programs be scheduled."""
-    if PDL:
+    if PDL > 0:
         tl.extra.cuda.gdc_wait()
+    if PDL == 1:
         tl.extra.cuda.gdc_launch_dependents()
 
 
