@@ -12,15 +12,12 @@ span is GPU time including any gap in which the GPU waited for the host; the hos
         --json timeline.json
 
 ``--prompt-reads shared,own`` times the fused decode attention reading a group's prompt slots from one row
-(the default) and from each row's own copy, in one run, the two arms' collections interleaved;
-``--launch dependent,plain`` the fused kernels launched with programmatic dependent launch (the default on
-Hopper) and without. Given both, every combination is an arm.
+(the default) and from each row's own copy, in one run, the two arms' collections interleaved.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import time
 from collections import defaultdict
@@ -36,7 +33,6 @@ from benchmarks.rollout import gpu_slug
 
 PATHS = {"fused": "fused", "fast": True}
 PROMPT_READS = {"shared": True, "own": False}  # StaticDecoder.share_reads
-LAUNCHES = {"dependent": True, "late": "late", "plain": False}  # StaticDecoder.dependent_launch
 
 
 class Timeline:
@@ -158,65 +154,48 @@ def main(argv=None) -> list[dict]:
         default="shared",
         help="comma list of shared (a group's prompt slots read from one row) and own (each row's copy)",
     )
-    ap.add_argument(
-        "--launch",
-        default="dependent",
-        help="comma list of dependent (programmatic dependent launch of the fused kernels) and plain",
-    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    reads = _choices(args.prompt_reads, PROMPT_READS, "--prompt-reads")
-    launches = _choices(args.launch, LAUNCHES, "--launch")
+    reads = args.prompt_reads.split(",")
+    if not reads or not set(reads) <= set(PROMPT_READS) or len(set(reads)) < len(reads):
+        raise SystemExit(f"--prompt-reads takes shared and/or own, comma-separated, got {args.prompt_reads!r}")
 
     device = torch.device(args.device)
     model, tokenizer, info = load_model(args.model, device=device)
     batch = args.prompts * args.group
-    arms, titles = {}, {}
-    for read, launch in itertools.product(reads, launches):
+    arms = {}
+    for read in reads:
         engine = HFEngine(
             model, tokenizer, device=device, fast=PATHS[args.path], max_batch_size=batch, return_logprobs=True
         )
         engine.decoder.share_reads = PROMPT_READS[read]
-        engine.decoder.dependent_launch = LAUNCHES[launch] if engine.decoder.fused is not None else False
-        name = read if len(launches) == 1 else launch if len(reads) == 1 else f"{read}/{launch}"
-        arms[name] = (engine, Timeline(device))
-        instrument(engine.decoder, arms[name][1])
-        titles[name] = f"{launch} launches, prompt reads {read}"
+        arms[read] = (engine, Timeline(device))
+        instrument(engine.decoder, arms[read][1])
     problems = load_split(args.task, "train")
-    collections: dict[str, list[dict]] = {name: [] for name in arms}
+    collections: dict[str, list[dict]] = {read: [] for read in reads}
     for c in range(args.collections + 1):  # the first is a warm-up: kernels compiled, graphs captured
         chosen = [problems[(c * args.prompts + i) % len(problems)] for i in range(args.prompts)]
         prompts = encode_prompts(chosen, tokenizer)
-        for name, (engine, timeline) in arms.items():  # interleaved: drift in clocks falls on every arm
+        for read, (engine, timeline) in arms.items():  # interleaved: drift in clocks falls on both arms
             result = one_collection(engine, timeline, prompts, args.group, args.max_new_tokens, seed=c)
             if c:
-                collections[name].append(result)
-    for name, done in collections.items():
+                collections[read].append(result)
+    for read, done in collections.items():
         print(
-            f"{info.name} on {gpu_slug(device)}, {args.path} path, {titles[name]}: {args.task}, "
+            f"{info.name} on {gpu_slug(device)}, {args.path} path, prompt reads {read}: {args.task}, "
             f"{args.prompts} prompts x {args.group}, up to {args.max_new_tokens} tokens, T = 1; mean of "
             f"{len(done)} collections (mean length {sum(c['response_length_mean'] for c in done) / len(done):.0f}, "
             f"{sum(c['truncated'] for c in done) / len(done):.0f} responses at the cap)"
         )
         print(table(done))
-    if len(arms) == 2:
-        a, b = collections
-        print(step_ratios(collections[a], collections[b], f"{a} / {b}"))
+    if len(reads) == 2:
+        print(step_ratios(collections[reads[0]], collections[reads[1]], f"{reads[0]} / {reads[1]}"))
     print("spans are GPU time between stream marks (wall time on CPU); host after decoding is wall time.")
     if args.json:
-        first = next(iter(collections.values()))
-        saved = {"settings": vars(args) | {"json": str(args.json)}, "collections": first}
+        saved = {"settings": vars(args) | {"json": str(args.json)}, "collections": collections[reads[0]]}
         args.json.write_text(json.dumps(saved | {"arms": collections}))
         print(f"wrote {args.json}")
-    return next(iter(collections.values()))
-
-
-def _choices(text: str, known: dict, flag: str) -> list[str]:
-    """A comma list of distinct keys of ``known``, or exit naming the flag and what it takes."""
-    chosen = text.split(",")
-    if not chosen or not set(chosen) <= set(known) or len(set(chosen)) < len(chosen):
-        raise SystemExit(f"{flag} takes {' and/or '.join(known)}, comma-separated, got {text!r}")
-    return chosen
+    return collections[reads[0]]
 
 
 def step_ratios(a: list[dict], b: list[dict], name: str) -> str:

@@ -537,34 +537,6 @@ def test_collection_timeline_times_both_prompt_reads_in_one_run(tmp_path):
     )
 
 
-def test_collection_timeline_times_both_launch_kinds_in_one_run(tmp_path):
-    """--launch dependent,plain: an arm per launch kind over the same prompts and seeds (on CPU neither path
-    has dependent launches, so both draw the same), the ratio line, and a one-line refusal of an unknown kind."""
-    result = tmp_path / "timeline.json"
-    args = ["--model", "tiny-random", "--prompts", "2", "--group", "3", "--max-new-tokens", "8", "--path", "fast"]
-    proc = _bench(
-        "benchmarks.collection_timeline",
-        *args,
-        "--collections",
-        "1",
-        "--launch",
-        "dependent,plain",
-        "--json",
-        str(result),
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    arms = json.loads(result.read_text())["arms"]
-    assert list(arms) == ["dependent", "plain"]
-    assert arms["dependent"][0]["response_length_mean"] == arms["plain"][0]["response_length_mean"]
-    titles = [line.split(" path, ")[1].split(":")[0] for line in proc.stdout.splitlines() if " path, " in line]
-    assert titles == ["dependent launches, prompt reads shared", "plain launches, prompt reads shared"]
-    assert sum(line.startswith("ms per step, dependent / plain: ") for line in proc.stdout.splitlines()) == 1
-    bad = _bench("benchmarks.collection_timeline", *args, "--launch", "pdl")
-    assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1] == (
-        "--launch takes dependent and/or plain, comma-separated, got 'pdl'"
-    )
-
-
 def test_host_after_cpu(tmp_path):
     """The host work before and after, on the tiny model's tokenizer: the pieces are timed once the two agree."""
     result = tmp_path / "host.json"

@@ -276,36 +276,6 @@ def test_graph_replays_match_eager_steps_on_cuda(tiny, staggered, fast):
     assert not eager.decoder.graphs
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="programmatic dependent launch needs a GPU")
-@pytest.mark.parametrize("linear_rows", [64, 0], ids=["own-layers", "cublas-layers"])
-def test_dependent_launches_decode_the_same_bits_on_cuda(tiny, staggered, linear_rows):
-    """With programmatic dependent launch each fused kernel may start while the one before it runs and waits
-    for it before reading: captured and replayed with rows dropped as they finish, the tokens and log-probs
-    must be the plain launches' exactly, on the narrow steps' own layers and the wide steps' cuBLAS ones."""
-    from grpo_knobs.rollout.kernels import supports_dependent_launch
-
-    if not supports_dependent_launch(torch.device("cuda")):
-        pytest.skip("this GPU has no programmatic dependent launch (compute capability < 9.0)")
-    model, tokenizer = tiny
-    prompts, state = staggered
-    runs = {}
-    for dependent in (False, True):
-        engine = HFEngine(
-            model, tokenizer, device="cuda", fast="fused", return_logprobs=True, compact=True, max_batch_size=16
-        )
-        engine.decoder.check_every, engine.decoder.min_rows = 2, 1
-        engine.decoder.linear_rows, engine.decoder.dependent_launch = linear_rows, dependent
-        engine.update_weights(state)
-        for temperature in (0.0, 1.0):
-            kw = dict(n=2, max_new_tokens=24, temperature=temperature, seed=3)
-            engine.generate(prompts, **kw)  # captures every shape
-            runs[dependent, temperature] = engine.generate(prompts, **kw)  # replays
-        assert engine.decoder.compactions > 0
-    for temperature in (0.0, 1.0):
-        plain, dependent = runs[False, temperature], runs[True, temperature]
-        assert dependent.token_ids == plain.token_ids and dependent.logprobs == plain.logprobs
-
-
 def test_dropping_finished_rows_samples_from_the_model(tiny, staggered):
     """Compacted rows draw different noise, so the check is the distribution: every sampled token's
     log-prob equals the teacher-forced one under the engine's weights."""

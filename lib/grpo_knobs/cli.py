@@ -63,10 +63,9 @@ def _cmd_prepare(a: argparse.Namespace) -> int:
         return 0
     print(f"prepared on {done['gpu']} in {done['seconds']:.1f} s; bytecode of {done['modules']} run modules written")
     for run in done["runs"]:
-        launches = f" ({run['rollout_launches']} launches)" if run.get("rollout_launches") else ""
         print(
             f"  {run['model']}, deterministic={str(run['deterministic']).lower()}: decode path "
-            f"{run['rollout_path']}{launches}, trainer path {run['trainer_path']}, attended caches up to "
+            f"{run['rollout_path']}, trainer path {run['trainer_path']}, attended caches up to "
             f"{run['longest_prompt']} prompt + {run['decode_steps'] - run['longest_prompt'] + 1} response tokens"
         )
     for name, (folder, added) in done["caches"].items():

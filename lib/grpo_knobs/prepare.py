@@ -192,7 +192,6 @@ def warm_up(cfg: RunConfig, say: Callable[[str], None] = print) -> dict[str, Any
     return {
         "model": cfg.model,
         "rollout_path": trainer.engine.path,
-        "rollout_launches": getattr(trainer.engine, "launches", None),
         "trainer_path": trainer.trainer_path,
         "longest_prompt": longest,
         "decode_steps": steps,

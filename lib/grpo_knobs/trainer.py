@@ -559,7 +559,6 @@ class Trainer:
             "gpu": torch.cuda.get_device_name(0) if self.device.type == "cuda" else None,
             "placements": self._placements(),
             "rollout_path": getattr(self.engine, "path", cfg.engine),
-            "rollout_launches": getattr(self.engine, "launches", None),  # fused path: dependent or plain
             "trainer_path": self.trainer_path,
             # the packed paths lay a group's prompt out once (packing.pack); older records copied it per response
             "packed_prompts": "shared" if self.packed_backend else None,

@@ -13,7 +13,7 @@ import copy
 import itertools
 import os
 import warnings
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -140,7 +140,6 @@ class StaticDecoder:
         keyed: bool = False,
         linear_rows: int = LINEAR_ROWS,
         share_reads: bool = True,
-        dependent_launch: bool | str = False,
     ):
         cfg = model.config
         layer_types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
@@ -185,9 +184,6 @@ class StaticDecoder:
         # share_reads: the fused attention reads a row's prompt slots from the first row that carries the same
         # prompt, so a group reads one copy (every row still holds its own, which compaction moves with it)
         self.share_reads = share_reads
-        # dependent_launch: the fused kernels carry programmatic dependent launch on GPUs that have it
-        # (kernels.dependent_launches), so each can start as the one before it ends; results are the same
-        self.dependent_launch = dependent_launch if self.fused is not None else False
 
     def _allocate(self, rows: int, cap: int):
         """Grow the cache and step state; graphs captured on the old buffers are dropped with them."""
@@ -375,19 +371,10 @@ class StaticDecoder:
         if self.fused is not None:
             self.fused.refresh()
 
-    def _launches(self):
-        """The context the fused kernels launch in: with or without programmatic dependent launch."""
-        if self.fused is None:
-            return nullcontext()
-        from .kernels import dependent_launches
-
-        return dependent_launches(self.dependent_launch)
-
     def _decode(self, B: int, kv_len: int, greedy: bool):
         """One decode step for rows :B; every shape is fixed by (B, kv_len, greedy)."""
         if self.fused is not None:  # the kernels read position, slot and validity from the step counter
-            with self._launches():
-                self._emit(self._forward_fused(B, kv_len), B, greedy)
+            self._emit(self._forward_fused(B, kv_len), B, greedy)
             return
         slot = self.slot0 + self.step  # [1]
         self.valid[:B].index_fill_(1, slot, True)
@@ -498,8 +485,7 @@ class StaticDecoder:
         last = mask.sum(-1) - 1  # [U] position of each prompt's last token
         if expand is not None:
             hidden, last = self._expand_prompts(expand, mask, hidden), last.index_select(0, expand)  # [B, H], [B]
-        with self._launches():
-            self._emit(hidden, B, greedy)  # step is now 1: decode step t writes slot P + t at position len + t
+        self._emit(hidden, B, greedy)  # step is now 1: decode step t writes slot P + t at position len + t
         self.pos0[:B] = last
         self.prompt_of[:B] = torch.arange(B, device=self.tok.device) if expand is None else expand
         self._share_rows(B)
@@ -795,17 +781,6 @@ class HFEngine(RolloutEngine):
         self.share_prefill = True
         # which decode path runs: "fused", "fast" (static decoder) or "eager" (model.generate); run records keep it
         self.path = "eager" if self.decoder is None else "fused" if self.decoder.fused is not None else "fast"
-
-    @property
-    def launches(self) -> str | None:
-        """How the fused path's kernels launch: "dependent" (programmatic dependent launch) or "plain"; None
-        for the other paths. Run records keep it beside the path: the two decode the same bits, not at the
-        same speed."""
-        if self.path != "fused":
-            return None
-        from .kernels import supports_dependent_launch
-
-        return "dependent" if self.decoder.dependent_launch and supports_dependent_launch(self.device) else "plain"
 
     @torch.no_grad()
     def update_weights(self, state_dict) -> None:

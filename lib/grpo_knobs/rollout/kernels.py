@@ -27,18 +27,11 @@ q and k, the activation, a projection's output before its residual add), so the 
 modules' numerics closely. One exception: at narrow widths down_proj's product is added into the
 stream by cuBLAS's addmm, rounded once (the sum) rather than twice (the product, then the sum).
 
-Inside ``dependent_launches()`` (the decoder's default on Hopper and later) each kernel is launched with
-programmatic dependent launch: its programs may be scheduled while the kernel before it is still running,
-and wait (``griddepcontrol.wait``) until that kernel has finished and its writes are visible before they
-read anything. The arithmetic is unchanged; what goes is the gap between one small kernel's end and the
-next one's start, which at a narrow step is a large share of each of its ~200 launches.
-
 Without CUDA the kernels run in Triton's interpreter, which is how the CPU tests check them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import sys
@@ -58,46 +51,6 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-_dependent = False  # set by dependent_launches(): the launches below carry the PDL attribute
-
-
-@functools.cache
-def supports_dependent_launch(device: torch.device) -> bool:
-    """Programmatic dependent launch needs a Hopper-or-later GPU (compute capability 9.0) and compiled kernels."""
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
-
-
-@contextlib.contextmanager
-def dependent_launches(on: bool | str = True):
-    """Launch this module's kernels with programmatic dependent launch while inside (where the GPU supports
-    it; a CUDA graph captured inside keeps it). Results are the same either way. "late": the next kernel may
-    start only as each program ends, not as it starts."""
-    global _dependent
-    before = _dependent
-    ok = on and torch.cuda.is_available() and supports_dependent_launch(torch.device("cuda"))
-    _dependent = ("late" if on == "late" else "early") if ok else False
-    try:
-        yield
-    finally:
-        _dependent = before
-
-
-def _launch() -> dict:
-    """The PDL switch for one launch: the kernel's PDL constant and Triton's launch attribute."""
-    return {"PDL": 2 if _dependent == "late" else 1, "launch_pdl": True} if _dependent else {"PDL": 0}
-
-
-@triton.jit
-def _await_previous(PDL: tl.constexpr):
-    """Under PDL: wait until the previous kernel has finished and its writes are visible (nothing may be read
-    before this), then let the next kernel's programs be scheduled."""
-    if PDL > 0:
-        tl.extra.cuda.gdc_wait()
-    if PDL == 1:
-        tl.extra.cuda.gdc_launch_dependents()
-
 
 @triton.jit
 def _add_rms_norm_kernel(
@@ -112,9 +65,7 @@ def _add_rms_norm_kernel(
     HAS_DELTA: tl.constexpr,
     GATHER: tl.constexpr,
     BLOCK: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    _await_previous(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -152,7 +103,6 @@ def add_rms_norm(
         HAS_DELTA=delta is not None,
         GATHER=False,
         BLOCK=triton.next_power_of_2(cols),
-        **_launch(),
     )
     return out
 
@@ -175,7 +125,6 @@ def embed_rms_norm(
         HAS_DELTA=False,
         GATHER=True,
         BLOCK=triton.next_power_of_2(cols),
-        **_launch(),
     )
     return out
 
@@ -210,13 +159,11 @@ def _linear_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
     PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     # Program (m, n, s): output tile rows m*BM.., columns n*BN.. of A @ W^T over K_PER of the K columns
     # from s * K_PER. With NORM, A is RMSNorm(A) * gamma, built as it is read (a first pass over the row
     # sums its squares) and rounded where the module rounds, so the product sees the operand a separate
     # norm kernel would have written. With SPLIT_K > 1 the last program of a tile to finish adds the splits.
-    _await_previous(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -350,7 +297,6 @@ def _linear(
         RESIDUAL=residual,
         PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
         **launch,
-        **_launch(),
     )
     return out
 
@@ -443,14 +389,12 @@ def _rotary_attention_kernel(
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
     SHARED: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     # Program (b, j, c): row b's KV head j and the G query heads it serves, over cache slots
     # c * CHUNK .. (c + 1) * CHUNK - 1. It rotates them at the row's position, writes this token's key and
     # value into the cache (split 0), attends over its slots before this token, and the program that
     # finishes last for (b, j) combines the splits and adds this token's own term from registers (so
     # nothing written in this launch needs to be read back from the cache).
-    _await_previous(PDL)
     b = tl.program_id(0)
     j = tl.program_id(1)
     c = tl.program_id(2)
@@ -642,7 +586,6 @@ def rotary_attention(
         SHARED=share is not None,
         num_warps=num_warps or max(1, D // 64),
         num_stages=num_stages,
-        **_launch(),
     )
     return out
 
@@ -662,8 +605,7 @@ def sm_count(device: torch.device) -> int:
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    _await_previous(PDL)
+def _silu_mul_kernel(gu_ptr, out_ptr, n, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n
@@ -676,7 +618,7 @@ def _silu_mul_kernel(gu_ptr, out_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr)
 def silu_mul(gate_up: torch.Tensor, out: torch.Tensor, block: int = 1024) -> torch.Tensor:
     """out = silu(gate) * up for gate_up = [gate | up]: [B, 2I] -> [B, I]."""
     B, n = out.shape
-    _silu_mul_kernel[(B, triton.cdiv(n, block))](gate_up, out, n, BLOCK=block, **_launch())
+    _silu_mul_kernel[(B, triton.cdiv(n, block))](gate_up, out, n, BLOCK=block)
     return out
 
 
@@ -711,12 +653,10 @@ def _sample_partial_kernel(
     N_BLOCKS: tl.constexpr,
     GREEDY: tl.constexpr,
     QUARTER: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     # Program (row, blk) races columns blk * 4Q .. blk * 4Q + 4Q - 1 as four quarter tiles. Splitting
     # each row over many programs keeps every SM busy, and one Philox evaluation (rand4x) gives all
     # four quarters their uniforms.
-    _await_previous(PDL)
     row = tl.program_id(0)
     blk = tl.program_id(1)
     inv_t = tl.load(inv_temp_ptr)
@@ -771,9 +711,7 @@ def _sample_combine_kernel(
     BLOCKS_PAD: tl.constexpr,
     N_STOP: tl.constexpr,
     RECORD: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    _await_previous(PDL)
     row = tl.program_id(0)
     k = tl.arange(0, BLOCKS_PAD)
     ok = k < N_BLOCKS
@@ -844,7 +782,6 @@ def sample(
         BLOCKS_PAD=triton.next_power_of_2(n_blocks),
         N_STOP=1,
         RECORD=False,
-        **_launch(),
     )
     return tokens, logprobs
 
@@ -888,7 +825,6 @@ def sample_and_record(
         BLOCKS_PAD=triton.next_power_of_2(n_blocks),
         N_STOP=stop.numel(),
         RECORD=True,
-        **_launch(),
     )
     return tokens, logprobs
 
@@ -917,6 +853,5 @@ def _race(logits, inv_temperature, keys, step, greedy: bool, block: int | None):
         N_BLOCKS=n_blocks,
         GREEDY=greedy,
         QUARTER=quarter,
-        **_launch(),
     )
     return part, part_idx
