@@ -3,7 +3,8 @@
 Each arm is one `grpo-knobs train` of the recipe (64/8/256/2, LR 2e-5, 256-token cap, 16,384 responses,
 countdown-2x10) in a fresh process, as a study's worker runs it, with the arm's overrides; with ``--in-process``
 the arms train one after another in this process, as the study's inprocess executor runs them (only the first
-pays the imports in its ``init``). The table gives each
+pays the imports in its ``init``); an arm's ``process=here`` or ``process=fresh`` overrides that for the arm, so
+one call can interleave the two on one machine. The table gives each
 phase's seconds per arm and its ratio to the first arm, then what each run learned (so a faster setting
 is seen to learn within the same spread). ``--compare A,B`` runs ``grpo-knobs compare-runs`` on two
 arms; ``--archive`` adds each run's records (not its checkpoint) to a tar file as soon as it finishes.
@@ -14,6 +15,7 @@ revision's ``lib/``, or ``rev=GITREV``, exported from this checkout's git with `
     python -m benchmarks.recipe --out runs/recipe --arm det-s1:deterministic=true,seed=1 \\
         --arm default-s1:seed=1 --compare det-s1,default-s1
     python -m benchmarks.recipe --out runs/before-after --arm before:rev=main,seed=1 --arm after:seed=1
+    python -m benchmarks.recipe --out runs/where --arm fresh-s2:process=fresh,seed=2 --arm here-s2:process=here,seed=2
 """
 
 from __future__ import annotations
@@ -74,6 +76,14 @@ def run_arm(name: str, overrides: dict[str, str], out: Path, base: dict, code: C
         + ("; its recorded source hash is not that code's: PYTHONPATH?" if row["code"].get("ran") is False else "")
     )
     return row
+
+
+def _in_process(name: str, settings: dict[str, str], default: bool) -> bool:
+    """Take ``process`` (here | fresh) out of an arm's settings: whether the arm trains in this process."""
+    where = settings.pop("process", "here" if default else "fresh")
+    if where not in ("here", "fresh"):
+        raise SystemExit(f"--arm {name}: process={where}: give process=here (this process) or process=fresh")
+    return where == "here"
 
 
 def train_process(params: dict[str, str], out: Path, name: str, code: Code) -> int:
@@ -170,12 +180,17 @@ def main(argv: list[str] | None = None) -> int:
     base = RECIPE | dict(kv.split("=", 1) for kv in a.base)
     arms = [parse_arm(x) for x in a.arm]
     a.out.mkdir(parents=True, exist_ok=True)
+    here = [_in_process(name, overrides, a.in_process) for name, overrides in arms]
     codes = [code_for_arm(name, overrides, a.out) for name, overrides in arms]  # every arm checked first
-    if a.in_process and any(code.lib for code in codes):
-        p.error("--in-process runs this checkout's library; an arm with code= or rev= needs a process of its own")
+    for (name, _), code, inside in zip(arms, codes, here):
+        if inside and code.lib:
+            p.error(
+                f"--arm {name}: an arm in this process runs this checkout's library; code= or rev= needs "
+                "a process of its own (process=fresh)"
+            )
     rows = []
-    for (name, overrides), code in zip(arms, codes):
-        rows.append(run_arm(name, overrides, a.out, base, code, a.in_process))
+    for (name, overrides), code, inside in zip(arms, codes, here):
+        rows.append(run_arm(name, overrides, a.out, base, code, inside))
         if a.archive:
             archive(a.out / name, a.archive)
         if a.json:

@@ -596,4 +596,30 @@ def test_recipe_in_process_trains_arms_one_after_another_cpu(tmp_path):
     assert recorded["config"]["seed"] == 2 and recorded["config"]["model"] == "tiny-random"
     other = _other_revision(tmp_path)
     bad = _bench("benchmarks.recipe", *args, "--arm", "here", "--arm", f"there:code={other}")
-    assert bad.returncode == 2 and "--in-process runs this checkout's library" in bad.stderr.strip().splitlines()[-1]
+    last = bad.stderr.strip().splitlines()[-1]
+    assert bad.returncode == 2 and "--arm there: an arm in this process runs this checkout's library" in last
+
+
+def test_recipe_interleaves_fresh_and_in_process_arms_cpu(tmp_path):
+    """process=fresh / process=here per arm: one call trains the same seed in a fresh process and in this one
+    (the setting is not a run parameter), and on CPU the two runs are identical; an unknown value is refused."""
+    args = ["--out", str(tmp_path / "runs"), "--json", str(tmp_path / "r.json"), *run_args("--base")]
+    proc = _bench(
+        "benchmarks.recipe",
+        *args,
+        "--arm",
+        "fresh:process=fresh,seed=3",
+        "--arm",
+        "here:process=here,seed=3",
+        "--compare",
+        "fresh,here",
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    fresh, here = json.loads((tmp_path / "r.json").read_text())
+    assert not fresh["in_process"] and here["in_process"] and "here (this checkout, in this process)" in proc.stdout
+    assert fresh["overrides"] == here["overrides"] == {"seed": "3"}
+    assert "compare-runs fresh here (exit 0)" in proc.stdout
+    bad = _bench("benchmarks.recipe", *args, "--arm", "x:process=elsewhere")
+    assert bad.returncode == 1 and bad.stderr.strip() == (
+        "--arm x: process=elsewhere: give process=here (this process) or process=fresh"
+    )
