@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .records import COLLECTION_FIELDS, UPDATE_FIELDS, RunDir, atomic_write_json, read_json
+from .records import COLLECTION_FIELDS, UPDATE_FIELDS, RunDir, RunExistsError, atomic_write_json, read_json
 
 # collections.jsonl fields that read a clock, the allocator or a server's retry counters
 VOLATILE_COLLECTION_FIELDS = ("seconds", "active_seconds", "job_seconds", "peak_memory_gib", "engine")
@@ -217,8 +217,12 @@ def rerun_config(run: str | Path, out: str | Path, *, resume: bool = False, othe
     destination = Path(out).resolve() / values["run_id"]
     if destination == recorded.path.resolve():
         raise ValueError(f"--out {out} would rerun into {recorded.path} itself; pass another --out directory.")
-    if not resume and destination.is_dir() and any(destination.iterdir()):
-        raise ValueError(f"{destination} already exists and is never overwritten; pass --resume, or another --out.")
+    try:
+        RunDir(destination).check_new(resume)  # the trainer's own test, made here to name the command's flags
+    except RunExistsError as exc:
+        raise ValueError(
+            f"{destination} already exists and is never overwritten; pass --resume, or another --out."
+        ) from exc
     ours, theirs = source_sha256(), meta.get("source_sha256")
     if theirs and ours != theirs and not other_source:
         commit = meta.get("git_commit") or "the commit that wrote it"
