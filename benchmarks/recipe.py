@@ -179,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     base = RECIPE | dict(kv.split("=", 1) for kv in a.base)
     arms = [parse_arm(x) for x in a.arm]
-    a.out.mkdir(parents=True, exist_ok=True)
     here = [_in_process(name, overrides, a.in_process) for name, overrides in arms]
+    a.out.mkdir(parents=True, exist_ok=True)
     codes = [code_for_arm(name, overrides, a.out) for name, overrides in arms]  # every arm checked first
     for (name, _), code, inside in zip(arms, codes, here):
         if inside and code.lib:
