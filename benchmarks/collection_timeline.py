@@ -30,64 +30,10 @@ from grpo_knobs.models import load_model
 from grpo_knobs.rollout.hf import HFEngine
 
 from benchmarks.rollout import gpu_slug
+from benchmarks.timeline import Timeline, instrument
 
 PATHS = {"fused": "fused", "fast": True}
 PROMPT_READS = {"shared": True, "own": False}  # StaticDecoder.share_reads
-
-
-class Timeline:
-    """Labelled marks in stream order; the time between two marks is charged to the later mark's label."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.marks: list[tuple[str, object]] = []
-        self.run_seconds = 0.0  # wall time of the last instrumented StaticDecoder.run
-
-    def mark(self, label: str) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.marks.append((label, event))
-        else:
-            self.marks.append((label, time.perf_counter()))
-
-    def spans(self) -> list[tuple[str, float]]:
-        """(label, milliseconds) for each interval between consecutive marks; the marks are then cleared."""
-        if self.cuda:
-            torch.cuda.synchronize()
-        pairs = zip(self.marks, self.marks[1:])
-        spans = [(label, a.elapsed_time(b) if self.cuda else (b - a) * 1e3) for (_, a), (label, b) in pairs]
-        self.marks = []
-        return spans
-
-
-def instrument(decoder, timeline: Timeline) -> None:
-    """Wrap the decoder's run, step and compaction (on this instance only) with timeline marks."""
-    run, step, keep = decoder.run, decoder._step, decoder._keep_rows
-    state = {"steps": 0}
-
-    def timed_run(*args, **kwargs):
-        state["steps"] = 0
-        timeline.mark("start")
-        start = time.perf_counter()
-        out = run(*args, **kwargs)
-        timeline.mark("after the steps")  # outputs gathered and copied to the host
-        timeline.run_seconds = time.perf_counter() - start  # run() ends copying to the host: the GPU is done
-        return out
-
-    def timed_step(width, *args):
-        timeline.mark("prefill" if state["steps"] == 0 else "between steps")  # checks, Python between launches
-        state["steps"] += 1
-        step(width, *args)
-        timeline.mark(f"step {width}")
-
-    def timed_keep(*args):
-        timeline.mark("between steps")
-        out = keep(*args)
-        timeline.mark("compaction")
-        return out
-
-    decoder.run, decoder._step, decoder._keep_rows = timed_run, timed_step, timed_keep
 
 
 def one_collection(engine, timeline: Timeline, prompts, group: int, max_new_tokens: int, seed: int) -> dict:

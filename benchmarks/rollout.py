@@ -1,10 +1,11 @@
 """Rollout throughput: eager `generate` against the static-cache fast paths, and all against the memory bound.
 
-For each batch size the same prompts run through each HF engine path (eager, fast, fused), each for
-exactly `new_tokens` decode steps (EOS ignored) so the rates compare. A decode step must read every weight and each
-row's
-KV cache once, so bandwidth / bytes-per-step bounds the step rate; the fast path's fraction of that
-bound says how much is left to gain. Prints a table and writes the rows as JSON.
+For each batch size the same prompts run through each HF engine path (eager, fast, fused), each for exactly
+`new_tokens` decode steps (EOS ignored) so the rates compare. A decode step must read every weight and each row's
+KV cache once, so bandwidth / bytes-per-step bounds the step rate; the fast path's fraction of that bound says
+how much is left to gain. Prints a table and writes the rows as JSON. Under each row, a second call of each
+static-decoder path split into its parts (before the first step, the decode steps, between them, the host work)
+gives the decode steps' own fraction of the bound beside the call's.
 
     python -m benchmarks.rollout --batches 64,128,256,512,1024 --new-tokens 256 \
         --out lib/grpo_knobs/datasets/rollout-benchmarks/rollout-h200.json
@@ -21,6 +22,8 @@ from pathlib import Path
 import torch
 from grpo_knobs.models import load_model
 from grpo_knobs.rollout.hf import HFEngine
+
+from benchmarks.timeline import Timeline, instrument
 
 # Peak HBM bandwidth by GPU name, bytes/s (vendor datasheets). Unknown GPUs are measured.
 BANDWIDTH = {
@@ -114,6 +117,31 @@ def timed_generate(engine: HFEngine, prompts, device: torch.device, **kw):
 def fixed_length(new_tokens: int) -> dict:
     """generate() arguments of the fixed-length table: every row decodes exactly new_tokens steps."""
     return dict(n=1, max_new_tokens=new_tokens, temperature=1.0, seed=0, ignore_eos=True)
+
+
+def split_call(engine: HFEngine, prompts, device: torch.device, new_tokens: int) -> dict:
+    """Where one fixed-length ``generate`` of a static-decoder path spends its time, in milliseconds: before
+    the first decode step (prefill and the first token), the decode steps (and their count), between steps,
+    gathering the outputs, and the host work outside the decoder (padding prompts, cutting responses,
+    text). The parts add up to the call's wall time."""
+    timeline = Timeline(device)
+    restore = instrument(engine.decoder, timeline)
+    try:
+        seconds, _ = timed_generate(engine, prompts, device, **fixed_length(new_tokens))
+    finally:
+        restore()  # later timed calls run without the marks
+    spans = timeline.spans()
+    steps = [ms for label, ms in spans if label.startswith("step ")]
+    part = {label: sum(ms for name, ms in spans if name == label) for label in ("prefill", "after the steps")}
+    return {
+        "prefill_ms": part["prefill"],
+        "decode_steps": len(steps),
+        "decode_ms_per_step": sum(steps) / max(len(steps), 1),
+        "between_steps_ms": sum(ms for label, ms in spans if label in ("between steps", "compaction")),
+        "after_steps_ms": part["after the steps"],
+        "host_ms": (seconds - timeline.run_seconds) * 1e3,
+        "wall_ms": seconds * 1e3,
+    }
 
 
 def fused_agreement(model, tokenizer, device, prompt_ids, batch: int, max_new_tokens: int = 64) -> dict:
@@ -299,6 +327,10 @@ def main(argv=None) -> list[dict]:
         for path in paths[1:]:
             row[f"{path}_over_eager"] = seconds["eager"] / seconds[path]
             row[f"{path}_fraction_of_bound"] = tokens / seconds[path] / bound
+            # the same call again, split into its parts: how much of ms/step is the decode steps themselves
+            split = split_call(engines[path], prompts, device, args.new_tokens)
+            row[f"{path}_split"] = split
+            row[f"{path}_decode_fraction_of_bound"] = batch / (split["decode_ms_per_step"] / 1e3) / bound
         if "fused" in paths:
             row["fused_over_fast"] = seconds["fast"] / seconds["fused"]
         row.update(
@@ -320,6 +352,14 @@ def main(argv=None) -> list[dict]:
             + f" {bound:>12,.0f} "
             + " ".join(f"{row[p + '_fraction_of_bound']:>11.1%}" for p in paths[1:])
         )
+        for p in paths[1:]:
+            sp = row[f"{p}_split"]
+            print(
+                f"{'':>6} {p}: before the first step {sp['prefill_ms']:.1f} ms, {sp['decode_steps']} steps at "
+                f"{sp['decode_ms_per_step']:.3f} ms ({row[p + '_decode_fraction_of_bound']:.1%} of the bound), "
+                f"between steps {sp['between_steps_ms']:.1f} ms, gathering {sp['after_steps_ms']:.1f} ms, "
+                f"host {sp['host_ms']:.1f} ms; wall {sp['wall_ms']:.1f} ms"
+            )
     if "fused" in paths:
         agreement = fused_agreement(model, tokenizer, device, prompt_ids, max(batches), min(64, args.new_tokens))
         print(
@@ -329,7 +369,10 @@ def main(argv=None) -> list[dict]:
         )
         for row in rows:
             row["fused_agreement"] = agreement
-    print("ms/step is wall time / decode steps, prefill included; the bound counts weights + KV reads only.")
+    print(
+        "ms/step is wall time / decode steps, prefill included; the bound counts weights + KV reads only. "
+        "The indented lines split a second call of each path (CUDA events on the stream, host work as wall time)."
+    )
     out = Path(args.out or f"benchmarks/results/rollout-{gpu}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=2) + "\n")

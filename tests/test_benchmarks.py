@@ -62,6 +62,19 @@ def test_rollout_benchmark_cpu(tmp_path):
         ):
             assert r[field] > 0
         assert r["fused_agreement"]["identical_fraction"] == 1.0  # float32 on CPU: the same greedy text
+        for path in ("fast", "fused"):
+            split = r[f"{path}_split"]
+            assert split["decode_steps"] == 7  # the first of the 8 tokens comes from the prefill
+            parts = (
+                split["prefill_ms"]
+                + split["decode_steps"] * split["decode_ms_per_step"]
+                + split["between_steps_ms"]
+                + split["after_steps_ms"]
+                + split["host_ms"]
+            )
+            assert abs(parts - split["wall_ms"]) <= 0.02 * split["wall_ms"] + 1.0  # the parts make up the call
+            assert 0 < r[f"{path}_decode_fraction_of_bound"]
+            assert min(v for k, v in split.items() if k.endswith("_ms")) >= 0
     study = json.loads((tmp_path / "rollout-cpu-countdown-2x10.json").read_text())
     assert [r["responses"] for r in study] == [2, 4]  # batch // group prompts x group samples
     for r in study:
