@@ -115,8 +115,25 @@ def train_command(params: dict[str, str]) -> list[str]:
 
 
 def run_record(run: Path) -> dict:
-    """What a finished run recorded: its phase seconds (``timings``, keys ``PHASES`` among them) and learning."""
-    return {"timings": json.loads((run / "timings.json").read_text()), "learning": learning(run)}
+    """What a finished run recorded: its phase seconds (``timings``, keys ``PHASES`` among them), learning, and
+    its trainer's pace."""
+    return {
+        "timings": json.loads((run / "timings.json").read_text()),
+        "learning": learning(run),
+        "trainer_ms_per_1k_tokens": trainer_pace(run),
+    }
+
+
+def trainer_pace(run: Path) -> float | None:
+    """Trainer-phase milliseconds per 1,000 response tokens over the collections after the first (which holds
+    first-use costs: compilation, allocator growth). Runs in default mode draw different responses, so their
+    trainer phases differ by how much they generated; this compares the trainers' speed. None with one
+    collection."""
+    from grpo_knobs.records import RunDir
+
+    rows = RunDir(run).collections()[1:]
+    tokens = sum(r["output_tokens"] for r in rows)
+    return 1e6 * sum(r["seconds"]["trainer"] for r in rows) / tokens if tokens else None
 
 
 def learning(run: Path) -> dict:
@@ -159,6 +176,9 @@ def table(rows: list[dict]) -> str:
         lines.append(f"{phase:<16}" + "".join(cells))
     for key, fmt in (("reward_last4", "{:.3f}"), ("validation_final", "{:.0%}"), ("response_tokens", "{:,}")):
         lines.append(f"{key:<16}" + "".join(fmt.format(r["learning"][key]).rjust(width + 8) for r in done))
+    pace = [r["trainer_ms_per_1k_tokens"] for r in done]
+    lines.append(f"{'trainer ms/1k':<16}" + "".join(("-" if v is None else f"{v:.2f}").rjust(width + 8) for v in pace))
+    lines.append("trainer ms/1k: trainer-phase ms per 1,000 response tokens, collections after the first")
     return "\n".join(lines)
 
 

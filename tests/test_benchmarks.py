@@ -605,6 +605,8 @@ def test_recipe_in_process_trains_arms_one_after_another_cpu(tmp_path):
     first, second = json.loads((tmp_path / "r.json").read_text())
     assert first["in_process"] and second["in_process"] and "first (this checkout, in this process)" in proc.stdout
     assert second["timings"]["init"] < first["timings"]["init"] / 2  # the imports were paid once
+    assert first["trainer_ms_per_1k_tokens"] > 0 and second["trainer_ms_per_1k_tokens"] > 0
+    assert "trainer ms/1k" in proc.stdout
     recorded = json.loads((tmp_path / "runs" / "second" / "config.json").read_text())
     assert recorded["config"]["seed"] == 2 and recorded["config"]["model"] == "tiny-random"
     other = _other_revision(tmp_path)
