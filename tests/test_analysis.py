@@ -1321,6 +1321,16 @@ def test_run_path_note_only_when_paths_mix(study):
     assert "(runs per path: fused / packed-liger 6, fused / padded 3)" in an.run_path_note(runs, "countdown")
 
 
+def test_run_path_note_names_runs_trained_on_several_gpus(study):
+    runs = _runs(study, "countdown").copy()
+    assert an.run_path_note(runs, "countdown") is None  # the fixture's records name no GPU
+    runs["trained_on"] = np.where(runs["seed"] == 2, "GPU-b", "GPU-a")
+    note = an.run_path_note(runs, "countdown")
+    assert note.startswith("countdown: 9 runs trained on 2 GPUs (the same code's trainer phase took 1.5x")
+    runs["trained_on"] = np.where(runs["seed"] == 2, None, "GPU-a")  # records without placements say nothing
+    assert an.run_path_note(runs, "countdown") is None
+
+
 def test_shared_device_finds_runs_whose_spans_overlap_on_one_device():
     devices = pd.Series(["gpu-a", "gpu-a", "gpu-a", "gpu-b", "gpu-a", None])
     starts = pd.Series([0.0, 100.0, 150.0, 120.0, 400.0, 130.0])
@@ -1335,6 +1345,7 @@ def test_committed_seeds20_runs_side_by_side_are_found_from_their_records():
     runs = an.load_study(ROOT / "results" / "seeds20").runs
     assert set(runs.loc[runs["seed"] <= 7, "device_use"]) == {"alone"}
     assert set(runs.loc[runs["seed"] >= 8, "device_use"]) == {"shared"}
+    assert runs["trained_on"].nunique() == 5 and runs["trained_on"].notna().all()  # five H200 machines
 
 
 def test_time_comparisons_leave_out_runs_that_shared_their_device(study):

@@ -38,6 +38,8 @@ Frames
     ``active_phase_seconds`` (their sum) and ``job_seconds``; ``device_use`` is
     "shared" where a run trained beside other runs on its device (its times
     include waiting for them; time comparisons leave it out), else "alone";
+    ``trained_on`` names the device that last trained it (its GPU's UUID;
+    None for records without placements);
     accuracies are fractions (``initial_accuracy``, ``final_accuracy``, ``test_accuracy``).
     :func:`load_reference` maps the study's published endpoints onto the same
     columns, so every run-level builder works on both.

@@ -139,10 +139,16 @@ def _seed_pairs(task_runs: pd.DataFrame, x: str, y: str) -> tuple[dict, dict[str
     return chosen, by_path, mixed, crowded
 
 
+# Measured: the same code and seed on two H200 machines, trainer phase per 1,000 response tokens 12.1 against
+# 17.8 ms (docs/performance.md, "The batch-256 recipe in one process and in fresh processes").
+MACHINE_SPREAD = "the same code's trainer phase took 1.5x as long per response token on one H200 machine as on another"
+
+
 def run_path_note(runs: pd.DataFrame, task: str) -> str | None:
-    """Lines naming the decode and trainer paths when the task's runs used more than one, and the runs that
-    shared their device with other runs, else None: times in seconds then depend on the path, or on the runs
-    beside them, as well as on the recipe, while response counts do not."""
+    """Lines naming the decode and trainer paths when the task's runs used more than one, the runs that
+    shared their device with other runs, and how many GPUs trained them when more than one, else None: times
+    in seconds then depend on the path, the runs beside them or the machine, as well as on the recipe, while
+    response counts do not."""
     task_runs = _task_runs(runs, task)
     keys, lines = task_runs["_path"], []
     if keys.nunique() > 1:
@@ -156,6 +162,12 @@ def run_path_note(runs: pd.DataFrame, task: str) -> str | None:
         lines.append(
             f"{task}: {len(crowded)} of {len(task_runs)} runs trained beside other runs on one device; their times "
             "in seconds include waiting for them, compare recipes on responses or on runs that trained alone"
+        )
+    gpus = task_runs.get("trained_on", pd.Series(dtype=object)).dropna()
+    if gpus.nunique() > 1:
+        lines.append(
+            f"{task}: {len(gpus)} runs trained on {gpus.nunique()} GPUs ({MACHINE_SPREAD}); times in seconds "
+            "mix machines, compare recipes on responses or on runs of one GPU"
         )
     return "\n".join(lines) or None
 

@@ -366,6 +366,7 @@ def load_study(study_dir: str | Path, statuses: Sequence[str] = ("complete",)) -
     runs_df["device_use"] = np.where(
         shared_device(runs_df["_device"], runs_df["_started"], runs_df["job_seconds"]), "shared", "alone"
     )
+    runs_df["trained_on"] = runs_df["_device"]  # the GPU (by UUID) that last trained the run, or None
     runs_df = runs_df.drop(columns=["_device", "_started"])
     evals_df = pd.concat(evals, ignore_index=True)
     tests_df = pd.concat(tests, ignore_index=True) if tests else pd.DataFrame(columns=list(EVAL_COLUMNS))
