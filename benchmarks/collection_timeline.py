@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -44,14 +43,11 @@ def one_collection(engine, timeline: Timeline, prompts, group: int, max_new_toke
     start = time.perf_counter()
     gen = engine.generate(prompts, n=group, max_new_tokens=max_new_tokens, temperature=1.0, seed=seed)
     wall = time.perf_counter() - start
-    ms, steps = defaultdict(float), defaultdict(int)
-    for label, span in timeline.spans():
-        ms[label] += span
-        steps[label] += label.startswith("step ")
+    ms, steps = timeline.by_label()
     lengths = [len(t) for t in gen.token_ids]
     return {
-        "ms": dict(ms),
-        "steps": {k: v for k, v in steps.items() if v},
+        "ms": ms,
+        "steps": steps,
         "host_after_ms": (wall - timeline.run_seconds) * 1e3,
         "wall_ms": wall * 1e3,
         "responses": len(lengths),

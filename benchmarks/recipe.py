@@ -117,31 +117,33 @@ def train_command(params: dict[str, str]) -> list[str]:
 def run_record(run: Path) -> dict:
     """What a finished run recorded: its phase seconds (``timings``, keys ``PHASES`` among them), learning, and
     its trainer's pace."""
+    from grpo_knobs.records import RunDir
+
+    rows = RunDir(run).collections()
     return {
         "timings": json.loads((run / "timings.json").read_text()),
-        "learning": learning(run),
-        "trainer_ms_per_1k_tokens": trainer_pace(run),
+        "learning": learning(run, rows),
+        "trainer_ms_per_1k_tokens": trainer_pace(rows),
     }
 
 
-def trainer_pace(run: Path) -> float | None:
-    """Trainer-phase milliseconds per 1,000 response tokens over the collections after the first (which holds
-    first-use costs: compilation, allocator growth). Runs in default mode draw different responses, so their
-    trainer phases differ by how much they generated; this compares the trainers' speed. None with one
-    collection."""
-    from grpo_knobs.records import RunDir
-
-    rows = RunDir(run).collections()[1:]
-    tokens = sum(r["output_tokens"] for r in rows)
-    return 1e6 * sum(r["seconds"]["trainer"] for r in rows) / tokens if tokens else None
+def trainer_pace(rows: list[dict]) -> float | None:
+    """Trainer-phase milliseconds per 1,000 response tokens over a run's collections (``rows``) after the first
+    (which holds first-use costs: compilation, allocator growth). Runs in default mode draw different
+    responses, so their trainer phases differ by how much they generated; this compares the trainers' speed.
+    None with one collection."""
+    later = rows[1:]
+    tokens = sum(r["output_tokens"] for r in later)
+    return 1e6 * sum(r["seconds"]["trainer"] for r in later) / tokens if tokens else None
 
 
-def learning(run: Path) -> dict:
-    """Reward over the last four collections, response tokens, final validation accuracy."""
+def learning(run: Path, rows: list[dict] | None = None) -> dict:
+    """Reward over the last four collections, response tokens, final validation accuracy; ``rows``: the run's
+    collections, if already read."""
     from grpo_knobs.determinism import run_outcome
     from grpo_knobs.records import RunDir
 
-    outcome = run_outcome(RunDir(run))
+    outcome = run_outcome(RunDir(run), rows)
     return {
         "reward_last4": outcome["reward_last4"],
         "response_tokens": outcome["response_tokens"],

@@ -130,15 +130,14 @@ def split_call(engine: HFEngine, prompts, device: torch.device, new_tokens: int)
         seconds, _ = timed_generate(engine, prompts, device, **fixed_length(new_tokens))
     finally:
         restore()  # later timed calls run without the marks
-    spans = timeline.spans()
-    steps = [ms for label, ms in spans if label.startswith("step ")]
-    part = {label: sum(ms for name, ms in spans if name == label) for label in ("prefill", "after the steps")}
+    ms, steps = timeline.by_label()
+    n_steps = sum(steps.values())
     return {
-        "prefill_ms": part["prefill"],
-        "decode_steps": len(steps),
-        "decode_ms_per_step": sum(steps) / max(len(steps), 1),
-        "between_steps_ms": sum(ms for label, ms in spans if label in ("between steps", "compaction")),
-        "after_steps_ms": part["after the steps"],
+        "prefill_ms": ms.get("prefill", 0.0),
+        "decode_steps": n_steps,
+        "decode_ms_per_step": sum(ms[label] for label in steps) / max(n_steps, 1),
+        "between_steps_ms": ms.get("between steps", 0.0) + ms.get("compaction", 0.0),
+        "after_steps_ms": ms.get("after the steps", 0.0),
         "host_ms": (seconds - timeline.run_seconds) * 1e3,
         "wall_ms": seconds * 1e3,
     }

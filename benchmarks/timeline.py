@@ -6,6 +6,7 @@ in which the GPU waited for the host; on CPU every span is wall time."""
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 
 import torch
 
@@ -34,6 +35,15 @@ class Timeline:
         spans = [(label, a.elapsed_time(b) if self.cuda else (b - a) * 1e3) for (_, a), (label, b) in pairs]
         self.marks = []
         return spans
+
+    def by_label(self) -> tuple[dict[str, float], dict[str, int]]:
+        """The spans (:meth:`spans`) summed by label: milliseconds, and how many decode steps each step label
+        holds."""
+        ms, steps = defaultdict(float), defaultdict(int)
+        for label, span in self.spans():
+            ms[label] += span
+            steps[label] += label.startswith("step ")
+        return dict(ms), {k: v for k, v in steps.items() if v}
 
 
 def instrument(decoder, timeline: Timeline):

@@ -338,7 +338,7 @@ def load_study(study_dir: str | Path, statuses: Sequence[str] = ("complete",)) -
             initial.append(test.assign(task=meta["config"]["task"]))
             continue
         row = _run_config_row(meta)
-        row["_device"], row["_started"] = _last_placement(meta)
+        row["trained_on"], row["_started"] = _last_placement(meta)  # the GPU (by UUID), or None
         state_path = run_dir / "state.json"
         status = _read_json(state_path).get("status", "unknown") if state_path.is_file() else "missing state.json"
         if status not in statuses:
@@ -364,10 +364,9 @@ def load_study(study_dir: str | Path, statuses: Sequence[str] = ("complete",)) -
 
     runs_df = pd.DataFrame(runs)
     runs_df["device_use"] = np.where(
-        shared_device(runs_df["_device"], runs_df["_started"], runs_df["job_seconds"]), "shared", "alone"
+        shared_device(runs_df["trained_on"], runs_df["_started"], runs_df["job_seconds"]), "shared", "alone"
     )
-    runs_df["trained_on"] = runs_df["_device"]  # the GPU (by UUID) that last trained the run, or None
-    runs_df = runs_df.drop(columns=["_device", "_started"])
+    runs_df = runs_df.drop(columns=["_started"])
     evals_df = pd.concat(evals, ignore_index=True)
     tests_df = pd.concat(tests, ignore_index=True) if tests else pd.DataFrame(columns=list(EVAL_COLUMNS))
     curves = eval_curves(evals_df)
