@@ -11,8 +11,9 @@ span is GPU time including any gap in which the GPU waited for the host; the hos
     python -m benchmarks.collection_timeline --task countdown-2x10 --prompts 64 --group 8 --collections 4 \
         --json timeline.json
 
-``--prompt-reads shared,own`` times the fused decode attention reading a group's prompt slots from one row
-(the default) and from each row's own copy, in one run, the two arms' collections interleaved.
+``--arms default,eager-prefill`` times variants of the decoder in one run, their collections interleaved:
+``own-reads`` (the fused attention reads each row's own copy of its prompt's cache, not the group's first
+row's), ``eager-prefill`` (the prefill's launches run eagerly on every call instead of replaying a graph).
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ from benchmarks.rollout import gpu_slug
 from benchmarks.timeline import Timeline, instrument
 
 PATHS = {"fused": "fused", "fast": True}
-PROMPT_READS = {"shared": True, "own": False}  # StaticDecoder.share_reads
+ARMS = {  # decoder variants: StaticDecoder attributes set on an arm's engine
+    "default": {},
+    "own-reads": {"share_reads": False},
+    "eager-prefill": {"graph_prefill": False},
+}
 
 
 def one_collection(engine, timeline: Timeline, prompts, group: int, max_new_tokens: int, seed: int) -> dict:
@@ -91,53 +96,50 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--collections", type=int, default=4, help="timed collections, after one untimed warm-up")
     ap.add_argument("--path", choices=sorted(PATHS), default="fused", help="static decoder path")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument(
-        "--prompt-reads",
-        default="shared",
-        help="comma list of shared (a group's prompt slots read from one row) and own (each row's copy)",
-    )
+    ap.add_argument("--arms", default="default", help=f"comma list of decoder variants, of {', '.join(ARMS)}")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    reads = args.prompt_reads.split(",")
-    if not reads or not set(reads) <= set(PROMPT_READS) or len(set(reads)) < len(reads):
-        raise SystemExit(f"--prompt-reads takes shared and/or own, comma-separated, got {args.prompt_reads!r}")
+    names = args.arms.split(",")
+    if not names or not set(names) <= set(ARMS) or len(set(names)) < len(names):
+        raise SystemExit(f"--arms takes distinct names of {', '.join(ARMS)}, comma-separated, got {args.arms!r}")
 
     device = torch.device(args.device)
     model, tokenizer, info = load_model(args.model, device=device)
     batch = args.prompts * args.group
     arms = {}
-    for read in reads:
+    for name in names:
         engine = HFEngine(
             model, tokenizer, device=device, fast=PATHS[args.path], max_batch_size=batch, return_logprobs=True
         )
-        engine.decoder.share_reads = PROMPT_READS[read]
-        arms[read] = (engine, Timeline(device))
-        instrument(engine.decoder, arms[read][1])
+        for attribute, value in ARMS[name].items():
+            setattr(engine.decoder, attribute, value)
+        arms[name] = (engine, Timeline(device))
+        instrument(engine.decoder, arms[name][1])
     problems = load_split(args.task, "train")
-    collections: dict[str, list[dict]] = {read: [] for read in reads}
+    collections: dict[str, list[dict]] = {name: [] for name in names}
     for c in range(args.collections + 1):  # the first is a warm-up: kernels compiled, graphs captured
         chosen = [problems[(c * args.prompts + i) % len(problems)] for i in range(args.prompts)]
         prompts = encode_prompts(chosen, tokenizer)
-        for read, (engine, timeline) in arms.items():  # interleaved: drift in clocks falls on both arms
+        for name, (engine, timeline) in arms.items():  # interleaved: drift in clocks falls on every arm
             result = one_collection(engine, timeline, prompts, args.group, args.max_new_tokens, seed=c)
             if c:
-                collections[read].append(result)
-    for read, done in collections.items():
+                collections[name].append(result)
+    for name, done in collections.items():
         print(
-            f"{info.name} on {gpu_slug(device)}, {args.path} path, prompt reads {read}: {args.task}, "
+            f"{info.name} on {gpu_slug(device)}, {args.path} path, {name}: {args.task}, "
             f"{args.prompts} prompts x {args.group}, up to {args.max_new_tokens} tokens, T = 1; mean of "
             f"{len(done)} collections (mean length {sum(c['response_length_mean'] for c in done) / len(done):.0f}, "
             f"{sum(c['truncated'] for c in done) / len(done):.0f} responses at the cap)"
         )
         print(table(done))
-    if len(reads) == 2:
-        print(step_ratios(collections[reads[0]], collections[reads[1]], f"{reads[0]} / {reads[1]}"))
+    for name in names[1:]:
+        print(step_ratios(collections[names[0]], collections[name], f"{names[0]} / {name}"))
     print("spans are GPU time between stream marks (wall time on CPU); host after decoding is wall time.")
     if args.json:
-        saved = {"settings": vars(args) | {"json": str(args.json)}, "collections": collections[reads[0]]}
+        saved = {"settings": vars(args) | {"json": str(args.json)}, "collections": collections[names[0]]}
         args.json.write_text(json.dumps(saved | {"arms": collections}))
         print(f"wrote {args.json}")
-    return collections[reads[0]]
+    return collections[names[0]]
 
 
 def step_ratios(a: list[dict], b: list[dict], name: str) -> str:

@@ -8,7 +8,9 @@ repeated ``group`` times; response tokens cut from those prompts (special tokens
 at the length cap and the others ending in a stop token at lengths drawn around the mean, pad and zero
 log-probs after it. The previous code (a tensor per prompt row; a Python pass per response: ``tolist``,
 ``cut_at_stop``, a log-prob slice; ``batch_decode``) is timed against ``prompt_rows``, ``cut_rows`` and
-``decode_texts``, after checking that the responses' lists and texts are the same.
+``decode_texts``, after checking that the responses' lists and texts are the same. The middle column ("per row")
+is the current code with each text from the Rust decoder, one call per row, as ``decode_texts`` did before it
+read byte-level tokens from its byte table.
 
     python -m benchmarks.host_after --prompts 64 --group 8 --steps 256 --mean-length 133
 """
@@ -87,6 +89,16 @@ def after(rows, tokens, logprobs, stop_ids, tokenizer, pad: int):
     return (ids[expand], mask[expand]), (token_ids, finish, lps, decode_texts(tokenizer, token_ids)), (padded, cut)
 
 
+def rows_decoded(rows, tokens, logprobs, stop_ids, tokenizer, pad: int):
+    """``after`` with each text from the Rust decoder, a call per row (``decode_texts`` before its byte table)."""
+    prompts, (token_ids, finish, lps, _), marks = after(rows, tokens, logprobs, stop_ids, tokenizer, pad)
+    decode = tokenizer.backend_tokenizer.decode
+    return prompts, (token_ids, finish, lps, [decode(t, skip_special_tokens=True) for t in token_ids]), marks
+
+
+ARMS = {"before": before, "per row": rows_decoded, "after": after}
+
+
 def timed(fn, reps: int, *args) -> dict[str, float]:
     """Median milliseconds over reps calls of each piece, and of the three together."""
     parts = {"prompt rows": [], "cut rows": [], "decode texts": [], "total": []}
@@ -123,22 +135,20 @@ def main(argv=None) -> dict:
     )
     work = (rows, tokens, logprobs, stop_ids, tokenizer, pad)
     old_prompts, old, _ = before(*work)
-    new_prompts, new, _ = after(*work)
-    if not all(torch.equal(a, b) for a, b in zip(old_prompts, new_prompts)) or old != new:
-        raise SystemExit("the new host work gives other prompt rows, lists or texts than the old")
+    for name, fn in list(ARMS.items())[1:]:
+        new_prompts, new, _ = fn(*work)
+        if not all(torch.equal(a, b) for a, b in zip(old_prompts, new_prompts)) or old != new:
+            raise SystemExit(f"the host work {name} gives other prompt rows, lists or texts than before")
     lengths = [len(t) for t in new[0]]
-    ms = {
-        "before": timed(before, args.reps, *work),
-        "after": timed(after, args.reps, *work),
-    }
+    ms = {name: timed(fn, args.reps, *work) for name, fn in ARMS.items()}
     print(
         f"{args.prompts} prompts x {args.group}, {args.steps} steps, mean length {sum(lengths) / len(lengths):.0f}, "
         f"{new[1].count('length')} at the cap; {info.name}'s tokenizer; median of {args.reps}, ms"
     )
-    print(f"{'part':<14} {'before':>8} {'after':>8} {'ratio':>7}")
+    print(f"{'part':<14} {'before':>8} {'per row':>8} {'after':>8} {'before/after':>13} {'per row/after':>14}")
     for part in ms["before"]:
-        b, a = ms["before"][part], ms["after"][part]
-        print(f"{part:<14} {b:8.2f} {a:8.2f} {b / a:6.1f}x")
+        b, r, a = ms["before"][part], ms["per row"][part], ms["after"][part]
+        print(f"{part:<14} {b:8.2f} {r:8.2f} {a:8.2f} {b / a:12.1f}x {r / a:13.1f}x")
     result = {
         "settings": vars(args) | {"json": str(args.json)},
         "ms": ms,

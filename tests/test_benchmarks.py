@@ -521,46 +521,44 @@ def test_collection_timeline_cpu(tmp_path):
     assert [line.split()[0] for line in lines[2:4]] == ["prefill", "step"]
 
 
-def test_collection_timeline_times_both_prompt_reads_in_one_run(tmp_path):
-    """--prompt-reads shared,own: one table per arm over the same prompts and seeds, then the per-width ratio;
-    a value it does not know is refused in one line."""
+def test_collection_timeline_times_decoder_variants_in_one_run(tmp_path):
+    """--arms: one table per decoder variant over the same prompts and seeds, then each one's per-width ratio
+    to the first; a name it does not know is refused in one line."""
     result = tmp_path / "timeline.json"
     args = ["--model", "tiny-random", "--prompts", "2", "--group", "3", "--max-new-tokens", "8", "--path", "fast"]
+    names = ["default", "own-reads", "eager-prefill"]
     proc = _bench(
-        "benchmarks.collection_timeline",
-        *args,
-        "--collections",
-        "1",
-        "--prompt-reads",
-        "shared,own",
-        "--json",
-        str(result),
+        "benchmarks.collection_timeline", *args, "--collections", "1", "--arms", ",".join(names), "--json", str(result)
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     arms = json.loads(result.read_text())["arms"]
-    assert list(arms) == ["shared", "own"] and all(len(c) == 1 for c in arms.values())
-    assert arms["shared"][0]["response_length_mean"] == arms["own"][0]["response_length_mean"]  # same draws
-    titles = [line for line in proc.stdout.splitlines() if ", prompt reads " in line]
-    assert [t.split(", prompt reads ")[1].split(":")[0] for t in titles] == ["shared", "own"]
-    ratio = [line for line in proc.stdout.splitlines() if line.startswith("ms per step, shared / own: ")]
-    assert len(ratio) == 1 and "step 6: " in ratio[0] and "; wall " in ratio[0]
-    bad = _bench("benchmarks.collection_timeline", *args, "--prompt-reads", "both")
+    assert list(arms) == names and all(len(c) == 1 for c in arms.values())
+    lengths = {arm[0]["response_length_mean"] for arm in arms.values()}
+    assert len(lengths) == 1  # the variants draw the same responses
+    titles = [line for line in proc.stdout.splitlines() if line.startswith("tiny-random on ")]
+    assert [t.split(" path, ")[1].split(":")[0] for t in titles] == names
+    ratios = [line for line in proc.stdout.splitlines() if line.startswith("ms per step, default / ")]
+    assert [r.split(" / ")[1].split(":")[0] for r in ratios] == names[1:]
+    assert all("step 6: " in r and "; wall " in r for r in ratios)
+    bad = _bench("benchmarks.collection_timeline", *args, "--arms", "default,both")
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1] == (
-        "--prompt-reads takes shared and/or own, comma-separated, got 'both'"
+        "--arms takes distinct names of default, own-reads, eager-prefill, comma-separated, got 'default,both'"
     )
 
 
 def test_host_after_cpu(tmp_path):
-    """The host work before and after, on the tiny model's tokenizer: the pieces are timed once the two agree."""
+    """The host work before, with texts decoded per row, and now, on the tiny model's tokenizer: the pieces are
+    timed once all three agree."""
     result = tmp_path / "host.json"
     args = ["--model", "tiny-random", "--prompts", "4", "--group", "3", "--steps", "16", "--mean-length", "9"]
     proc = _bench("benchmarks.host_after", *args, "--reps", "2", "--json", str(result))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     saved = json.loads(result.read_text())
-    assert set(saved["ms"]) == {"before", "after"}
-    assert set(saved["ms"]["after"]) == {"prompt rows", "cut rows", "decode texts", "total"}
+    assert list(saved["ms"]) == ["before", "per row", "after"]
+    assert all(set(ms) == {"prompt rows", "cut rows", "decode texts", "total"} for ms in saved["ms"].values())
     lines = proc.stdout.splitlines()
-    assert lines[1].split() == ["part", "before", "after", "ratio"] and lines[-2].split()[0] == "total"
+    assert lines[1].split() == ["part", "before", "per", "row", "after", "before/after", "per", "row/after"]
+    assert lines[-2].split()[0] == "total"
 
 
 def test_init_profile_cpu(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from grpo_knobs.models import load_model
 from grpo_knobs.rollout import Generation, cut_at_stop, make_engine
-from grpo_knobs.rollout.base import cleans_up_spaces, cut_rows, decode_texts
+from grpo_knobs.rollout.base import byte_table, cleans_up_spaces, cut_rows, decode_texts
 from grpo_knobs.rollout.hf import HFEngine, left_pad, response_keys, sample_tokens
 
 # The tiny model lives on the CPU, where the fused kernels run in Triton's interpreter; a GPU host
@@ -246,8 +246,9 @@ def test_dropping_finished_rows_keeps_greedy_outputs(tiny, staggered, fast):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("fast", [True, "fused"])
 def test_graph_replays_match_eager_steps_on_cuda(tiny, staggered, fast):
-    """A decode shape runs eagerly the first time it comes up and is captured then; later calls replay
-    it. Replays must give the eager decoder's tokens and log-probs while rows finish and are dropped."""
+    """A decode step's or a prefill's shape runs eagerly the first time it comes up and is captured then;
+    later calls replay it. Replays must give the eager decoder's tokens and log-probs while rows finish and
+    are dropped, and a replayed prefill must read the new call's prompts."""
     model, tokenizer = tiny
     prompts, state = staggered
     engines = []
@@ -263,17 +264,24 @@ def test_graph_replays_match_eager_steps_on_cuda(tiny, staggered, fast):
     # the fused sampler's noise is keyed by seed and step, so sampled tokens must match too
     for temperature in (0.0, 1.0) if fast == "fused" else (0.0,):
         kw = dict(n=2, max_new_tokens=24, temperature=temperature, seed=3)
+        prefills = len(graphed.decoder.prefill_graphs)  # greedy and sampled prefills are separate shapes
         want = eager.generate(prompts, **kw)
-        first = graphed.generate(prompts, **kw)  # every shape's first step eager, then captured
+        first = graphed.generate(prompts, **kw)  # every shape's first call eager, then captured
         captured = len(graphed.decoder.graphs)
         again = graphed.generate(prompts, **kw)  # replays only
         assert captured > 1 and len(graphed.decoder.graphs) == captured
+        assert len(graphed.decoder.prefill_graphs) == prefills + 1
         assert graphed.decoder.compactions > 0
         for got in (first, again):
             assert got.token_ids == want.token_ids and got.finish_reasons == want.finish_reasons
             for a, b in zip(got.logprobs, want.logprobs):
                 torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-3, rtol=1e-3)
-    assert not eager.decoder.graphs
+        # other prompts of the same shape: the replayed prefill reads them
+        other = [p[::-1] for p in prompts[::-1]]
+        want, got = eager.generate(other, **kw), graphed.generate(other, **kw)
+        assert len(graphed.decoder.prefill_graphs) == prefills + 1 and got.token_ids != again.token_ids
+        assert got.token_ids == want.token_ids and got.finish_reasons == want.finish_reasons
+    assert not eager.decoder.graphs and not eager.decoder.prefill_graphs
 
 
 def test_dropping_finished_rows_samples_from_the_model(tiny, staggered):
@@ -520,6 +528,29 @@ def test_decode_texts_is_batch_decode(tiny, prompts):
     asked.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output = False
     assert type(asked.backend_tokenizer.model).__name__ == "BPE" and not cleans_up_spaces(asked)
     assert decode_texts(asked, rows) == asked.batch_decode(rows, skip_special_tokens=True)
+
+
+def test_decode_texts_reads_byte_level_tokens_as_utf8(tiny):
+    """The byte table's texts are the Rust decoder's: multi-byte characters, special tokens skipped, rows cut
+    inside a character (not UTF-8: left to the decoder, which replaces the bytes), an added token that is not
+    special (left to the decoder), and ids past the vocabulary."""
+    _, tokenizer = tiny
+    tokenizer = copy.deepcopy(tokenizer)  # tokens are added below
+    ids = tokenizer("Prices: 5€, 3£ — naïve café 😀 中文 ok", add_special_tokens=False).input_ids
+    table = byte_table(tokenizer)
+    assert table is not None and all(table[i] for i in ids)  # every token of the text has its bytes
+    assert table[tokenizer.eos_token_id] == b"" and None not in table
+    emoji = tokenizer("😀", add_special_tokens=False).input_ids
+    assert len(emoji) > 1  # a character over several tokens: its first alone is not UTF-8
+    rows = [ids, [tokenizer.eos_token_id, *ids, tokenizer.eos_token_id], emoji[:1], ids + emoji[:-1], [], [10**6]]
+    tokenizer.add_tokens(["<plain marker>"])  # added, not special: the decoder keeps its text
+    marker = tokenizer.convert_tokens_to_ids("<plain marker>")
+    rows.append([ids[0], marker, ids[1]])
+    table = byte_table(tokenizer)
+    assert len(table) == len(tokenizer) and table[marker] is None  # rebuilt when the vocabulary grew
+    want = [tokenizer.backend_tokenizer.decode(r, skip_special_tokens=True) for r in rows]
+    assert decode_texts(tokenizer, rows) == want == tokenizer.batch_decode(rows, skip_special_tokens=True)
+    assert "😀" in want[0] and "\ufffd" in want[2] and "<plain marker>" in want[-1] and want[-2] == ""
 
 
 @pytest.mark.parametrize("fast", [False, True, FUSED])

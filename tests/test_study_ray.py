@@ -356,3 +356,23 @@ def test_placement_names_the_gpu_as_cuda_visible_devices_exposes_it(monkeypatch)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert provenance.placement(torch.device("cuda", 0))["gpu"]["visible_id"] is None  # every GPU visible
     assert provenance.placement(torch.device("cpu"))["gpu"] is None
+
+
+def test_the_ray_run_on_an_h200_records_its_gpu_node_and_wall_time():
+    """results/ray-h200: a seeds20 run through ``--scheduler ray`` on one H200, Ray holding the GPU as the
+    run's resource. The run names the GPU by UUID, as Ray exposed it, with the Ray node and task; the study's
+    times name the same GPU and node and set the run's job time against the study's wall time."""
+    root = Path(__file__).resolve().parents[1] / "results" / "ray-h200"
+    run = root / "confirmation-countdown-2x10-batch-256-s1"
+    config = json.loads((run / "config.json").read_text())
+    (placement,) = config["placements"]
+    assert placement["device"] == "cuda" and placement["cuda_visible_devices"] == "0"
+    assert placement["gpu"]["name"] == "NVIDIA H200" and re.fullmatch(r"[0-9a-f-]{36}", placement["gpu"]["uuid"])
+    assert placement["ray_node_id"] and placement["ray_task_id"]
+    assert json.loads((run / "state.json").read_text())["status"] == "complete" and (run / "test.parquet").exists()
+    (call,) = json.loads((root / "study_times.json").read_text())["calls"]
+    job = json.loads((run / "timings.json").read_text())["job"]
+    assert call["scheduler"] == "ray" and call["runs_trained"] == 1
+    assert call["gpus"] == [placement["gpu"]["uuid"]] and call["ray_nodes"] == [placement["ray_node_id"]]
+    assert call["runs"][run.name]["job_seconds"] == call["run_job_seconds"] == job
+    assert job < call["wall_seconds"] and call["parallelism"] == pytest.approx(job / call["wall_seconds"])

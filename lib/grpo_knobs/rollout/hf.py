@@ -162,6 +162,7 @@ class StaticDecoder:
         self.pad_id = pad_id
         self.use_graphs, self.block, self.prefill_bytes = use_graphs, block, prefill_bytes
         self.graphs, self.pool, self.capture_stream = {}, None, None
+        self.prefill_graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, list]] = {}  # shape -> graph, its inputs
         self.rows, self.cap = 0, 0
         self.fused = _FusedWeights(model) if fused else None
         if fused:
@@ -184,6 +185,8 @@ class StaticDecoder:
         # share_reads: the fused attention reads a row's prompt slots from the first row that carries the same
         # prompt, so a group reads one copy (every row still holds its own, which compaction moves with it)
         self.share_reads = share_reads
+        # graph_prefill: replay a prefill shape's CUDA graph from its second call on (off: always eager)
+        self.graph_prefill = True
 
     def _allocate(self, rows: int, cap: int):
         """Grow the cache and step state; graphs captured on the old buffers are dropped with them."""
@@ -193,6 +196,7 @@ class StaticDecoder:
         # The pool's lifetime ends with its graphs: capturing into a pool whose graphs were all
         # freed trips the caching allocator's use-count assert, so start a fresh pool too.
         self.graphs.clear()
+        self.prefill_graphs.clear()
         self.pool = None
         self.kv = None  # free the old cache before allocating the new one
         dev, L = self.weight.device, len(self.layers)
@@ -397,32 +401,38 @@ class StaticDecoder:
             graph.replay()
             return
         self._decode(B, kv_len, greedy)
-        if not self.use_graphs:
-            return
+        if self.use_graphs:
+            graph = self._record(lambda: self._decode(B, kv_len, greedy))
+            if graph is not None:
+                self.graphs[(B, kv_len, greedy)] = graph
+
+    def _record(self, work) -> torch.cuda.CUDAGraph | None:
+        """``work()``'s kernels recorded as a CUDA graph on a side stream (nothing runs; no compilation), or
+        None, with a warning, when capture fails: the run goes on without graphs. Graphs share one memory
+        pool, since they run one at a time and keep nothing in it between replays. capture_begin/end
+        directly: torch.cuda.graph would also synchronise, collect garbage and empty the allocator's cache
+        before each of the run's captures."""
+        graph = torch.cuda.CUDAGraph()
+        side = self.capture_stream = self.capture_stream or torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
         try:
-            self._capture(B, kv_len, greedy)
+            with torch.cuda.stream(side):
+                graph.capture_begin(pool=self.pool)
+                try:
+                    work()
+                finally:
+                    graph.capture_end()
         except RuntimeError as e:  # keep the run going; the warning says why it is slower
             warnings.warn(f"CUDA graph capture failed, decoding without graphs from now on: {e}")
             self.use_graphs = False
             self.graphs.clear()
+            self.prefill_graphs.clear()
             self.pool = None
-
-    def _capture(self, B: int, kv_len: int, greedy: bool):
-        """Record one decode step as a CUDA graph on a side stream (once per engine and shape; no
-        compilation). capture_begin/end directly: torch.cuda.graph would also synchronise, collect
-        garbage and empty the allocator's cache before each of the run's captures."""
-        graph = torch.cuda.CUDAGraph()
-        side = self.capture_stream = self.capture_stream or torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            graph.capture_begin(pool=self.pool)
-            try:
-                self._decode(B, kv_len, greedy)
-            finally:
-                graph.capture_end()
-        torch.cuda.current_stream().wait_stream(side)
-        self.pool = self.pool or graph.pool()  # graphs run one at a time, so they can share memory
-        self.graphs[(B, kv_len, greedy)] = graph
+            return None
+        finally:
+            torch.cuda.current_stream().wait_stream(side)
+        self.pool = self.pool or graph.pool()
+        return graph
 
     @torch.no_grad()
     def run(
@@ -467,28 +477,10 @@ class StaticDecoder:
         else:
             torch.manual_seed(seed)
 
-        # prefill: the whole prompt of rows :U, in row chunks that bound the float32 [rows, heads, P, P]
-        # attention scores (and their softmax copies) to prefill_bytes; short prompts take one chunk, so the
-        # prefill's eager kernel launches are paid once per call, not once per few rows
-        chunk = max(1, self.prefill_bytes // (4 * 4 * self.n_heads * P * P))
         self._reset(B)
         self.done[n_real:B] = True  # padding rows emit pad and do not hold up the early exit
         self.valid[: max(B, U)].zero_()
-        self.valid[:U, :P] = mask
-        pos = (mask.long().cumsum(-1) - 1).clamp_min(0)  # [U, P] positions restart after left padding
-        hidden = torch.cat(
-            [
-                self._forward(ids[r : r + chunk], pos[r : r + chunk], self.arange[:P], P, r, min(r + chunk, U))
-                for r in range(0, U, chunk)
-            ]
-        )  # [U, H]
-        last = mask.sum(-1) - 1  # [U] position of each prompt's last token
-        if expand is not None:
-            hidden, last = self._expand_prompts(expand, mask, hidden), last.index_select(0, expand)  # [B, H], [B]
-        self._emit(hidden, B, greedy)  # step is now 1: decode step t writes slot P + t at position len + t
-        self.pos0[:B] = last
-        self.prompt_of[:B] = torch.arange(B, device=self.tok.device) if expand is None else expand
-        self._share_rows(B)
+        self._prefill(ids, mask, expand, B, greedy)  # step is now 1: decode step t writes slot P + t
         self.slot0.fill_(P - 1)
 
         # origin[i]: the input row that decoder row i carries (-1: a filler row); outputs of rows
@@ -513,6 +505,50 @@ class StaticDecoder:
                 width = narrower
         self._store_rows(origin, width, tokens, logprobs, steps)
         return tokens[:n_real, :steps].cpu(), logprobs[:n_real, :steps].cpu()
+
+    def _prefill(self, ids, mask, expand, B: int, greedy: bool) -> None:
+        """``_prefill_rows``, replayed as a CUDA graph from its shape's second call on. Run eagerly, its
+        launches (a few dozen per layer, through the model's modules) cost the host far more time than
+        the GPU; a shape's first call runs eagerly and is captured then, as a decode step is, and a replay
+        reads its new inputs from buffers the graph owns. The graph holds the eager run's kernels, so the
+        outputs do not depend on which ran."""
+        key = (tuple(ids.shape), B, expand is not None, greedy)
+        entry = self.prefill_graphs.get(key)
+        if entry is None:
+            self._prefill_rows(ids, mask, expand, B, greedy)
+            if self.use_graphs and self.graph_prefill:
+                inputs = [ids.clone(), mask.clone(), None if expand is None else expand.clone()]
+                graph = self._record(lambda: self._prefill_rows(*inputs, B, greedy))
+                if graph is not None:
+                    self.prefill_graphs[key] = (graph, inputs)
+            return
+        graph, inputs = entry
+        for buffer, new in zip(inputs, (ids, mask, expand)):
+            if new is not None:
+                buffer.copy_(new, non_blocking=True)
+        graph.replay()
+
+    def _prefill_rows(self, ids, mask, expand, B: int, greedy: bool) -> None:
+        """Prefill prompt rows ids, mask [U, P] into cache rows :U, give decoder rows :B their prompt (expand
+        [B], or row i is prompt i), and draw each row's first token. Row chunks bound the float32 [rows,
+        heads, P, P] attention scores (and their softmax copies) to prefill_bytes; short prompts take one."""
+        U, P = ids.shape
+        chunk = max(1, self.prefill_bytes // (4 * 4 * self.n_heads * P * P))
+        self.valid[:U, :P] = mask
+        pos = (mask.long().cumsum(-1) - 1).clamp_min(0)  # [U, P] positions restart after left padding
+        hidden = torch.cat(
+            [
+                self._forward(ids[r : r + chunk], pos[r : r + chunk], self.arange[:P], P, r, min(r + chunk, U))
+                for r in range(0, U, chunk)
+            ]
+        )  # [U, H]
+        last = mask.sum(-1) - 1  # [U] position of each prompt's last token
+        if expand is not None:
+            hidden, last = self._expand_prompts(expand, mask, hidden), last.index_select(0, expand)  # [B, H], [B]
+        self._emit(hidden, B, greedy)
+        self.pos0[:B] = last
+        self.prompt_of[:B] = torch.arange(B, device=self.tok.device) if expand is None else expand
+        self._share_rows(B)
 
     def _expand_prompts(self, expand, mask, hidden):
         """Give decoder row i the prefill of prompt expand[i]: rows :U of the cache (prompt slots :P, every
