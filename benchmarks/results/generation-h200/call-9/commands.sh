@@ -23,3 +23,10 @@ python3 -m benchmarks.recipe --out runs/prefill --archive records.tar --json rec
 PYTHONPATH=$HOME/rev/before/lib:$PYTHONPATH python3 -m benchmarks.rollout --batches 512 --new-tokens 256 \
     --paths eager,fast,fused --out rollout-before.json
 python3 -m benchmarks.rollout --batches 512 --new-tokens 256 --paths eager,fast,fused --out rollout-after.json
+
+# texts/ (third machine, commit a5effa3: prefill graphs and the byte table): host work on this host's CPU,
+# the rollout benchmark, a collection timeline
+python3 -m benchmarks.host_after --reps 20 --json host_after.json
+python3 -m benchmarks.rollout --batches 512 --new-tokens 256 --paths eager,fast,fused --out rollout.json
+python3 -m benchmarks.collection_timeline --task countdown-2x10 --prompts 64 --group 8 --collections 4 \
+    --json timeline-64x8.json
