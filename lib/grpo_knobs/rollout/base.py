@@ -68,7 +68,8 @@ def decode_texts(tokenizer, token_ids: list[list[int]]) -> list[str]:
     spaces), since batch_decode first walks every id in Python and calls ``_decode`` per row, most of its time
     for a collection's responses. One row at a time: once the Rust batch decode has used the tokenizers'
     thread pool, every later fork of the process warns and turns the pool off (unless TOKENIZERS_PARALLELISM
-    is set)."""
+    is set). A byte-level BPE tokenizer's rows are read from its ``byte_table``. token_ids: ids a model
+    sampled (none negative)."""
     from transformers import PreTrainedTokenizerFast
 
     plain = isinstance(tokenizer, PreTrainedTokenizerFast) and all(
