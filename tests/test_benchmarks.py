@@ -636,3 +636,15 @@ def test_recipe_interleaves_fresh_and_in_process_arms_cpu(tmp_path):
     assert bad.returncode == 1 and bad.stderr.strip() == (
         "--arm x: process=elsewhere: give process=here (this process) or process=fresh"
     )
+
+
+def test_launch_floor_cpu(tmp_path):
+    """Graphs of empty kernels and of one GEMM: each case's time per launch, the ratio to one program's, and
+    what a decode step's count of launches costs at that floor."""
+    out = tmp_path / "launch-floor.json"
+    proc = _bench("benchmarks.launch_floor", "--reps", "3", "--iters", "1", "--rows", "8", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [r["case"] for r in rows] == ["one program", "4 programs (one per SM)", "torch.mm 8 x 576 x 576"]
+    assert all(r["us_per_launch"] > 0 and r["reps"] == 3 for r in rows)
+    assert proc.stdout.count("x one program") == 2 and "3 launches at one program's cost: " in proc.stdout
