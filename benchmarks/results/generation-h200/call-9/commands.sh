@@ -30,3 +30,7 @@ python3 -m benchmarks.host_after --reps 20 --json host_after.json
 python3 -m benchmarks.rollout --batches 512 --new-tokens 256 --paths eager,fast,fused --out rollout.json
 python3 -m benchmarks.collection_timeline --task countdown-2x10 --prompts 64 --group 8 --collections 4 \
     --json timeline-64x8.json
+
+# launch-floor/ (fourth machine, commit c82fc4a): empty kernels and one of the step's GEMMs in a graph
+python3 -m benchmarks.launch_floor --out launch-floor.json
+python3 -m benchmarks.launch_floor --reps 30 --out launch-floor-30.json
