@@ -81,19 +81,22 @@ def before(rows, tokens, logprobs, stop_ids, tokenizer, pad: int):
     return (ids, mask), (token_ids, finish, lps, texts), (padded, cut)
 
 
-def after(rows, tokens, logprobs, stop_ids, tokenizer, pad: int):
+def after(rows, tokens, logprobs, stop_ids, tokenizer, pad: int, texts=decode_texts):
     ids, mask, expand = prompt_rows(rows, len(rows), pad)  # [U, P], [U, P], [B]
     padded = time.perf_counter()
     token_ids, finish, lps = cut_rows(tokens, logprobs, stop_ids)
     cut = time.perf_counter()
-    return (ids[expand], mask[expand]), (token_ids, finish, lps, decode_texts(tokenizer, token_ids)), (padded, cut)
+    return (ids[expand], mask[expand]), (token_ids, finish, lps, texts(tokenizer, token_ids)), (padded, cut)
 
 
 def rows_decoded(rows, tokens, logprobs, stop_ids, tokenizer, pad: int):
     """``after`` with each text from the Rust decoder, a call per row (``decode_texts`` before its byte table)."""
-    prompts, (token_ids, finish, lps, _), marks = after(rows, tokens, logprobs, stop_ids, tokenizer, pad)
-    decode = tokenizer.backend_tokenizer.decode
-    return prompts, (token_ids, finish, lps, [decode(t, skip_special_tokens=True) for t in token_ids]), marks
+
+    def per_row(tokenizer, token_ids):
+        decode = tokenizer.backend_tokenizer.decode
+        return [decode(t, skip_special_tokens=True) for t in token_ids]
+
+    return after(rows, tokens, logprobs, stop_ids, tokenizer, pad, texts=per_row)
 
 
 ARMS = {"before": before, "per row": rows_decoded, "after": after}

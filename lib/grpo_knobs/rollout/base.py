@@ -104,7 +104,9 @@ def byte_table(tokenizer) -> list[bytes | None] | None:
         return cached[1]
     table = None
     if type(backend.decoder).__name__ == "ByteLevel" and type(backend.model).__name__ == "BPE":
-        chars = {c: b for b, c in _bytes_to_chars().items()}
+        from transformers.convert_slow_tokenizer import bytes_to_unicode  # the map the ByteLevel decoder inverts
+
+        chars = {c: b for b, c in bytes_to_unicode().items()}
         added = tokenizer.added_tokens_decoder
         table = []
         for i in range(size):
@@ -115,14 +117,6 @@ def byte_table(tokenizer) -> list[bytes | None] | None:
                 table.append(bytes(chars[c] for c in token))
     tokenizer.__dict__["_byte_table"] = (size, table)
     return table
-
-
-def _bytes_to_chars() -> dict[int, str]:
-    """GPT-2's reversible map from bytes to printable characters: printable Latin-1 bytes stand for
-    themselves, the other 68 take the characters from U+0100 on, in byte order."""
-    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    shifted = [b for b in range(256) if b not in kept]
-    return {b: chr(b) for b in kept} | {b: chr(256 + i) for i, b in enumerate(shifted)}
 
 
 def cleans_up_spaces(tokenizer) -> bool:
