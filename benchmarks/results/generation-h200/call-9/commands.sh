@@ -34,3 +34,8 @@ python3 -m benchmarks.collection_timeline --task countdown-2x10 --prompts 64 --g
 # launch-floor/ (fourth machine, commit c82fc4a): empty kernels and one of the step's GEMMs in a graph
 python3 -m benchmarks.launch_floor --out launch-floor.json
 python3 -m benchmarks.launch_floor --reps 30 --out launch-floor-30.json
+
+# host-after-per-row/ (fifth machine, commit with the per-row arm timing its texts alone): the tokenizer is
+# SmolLM2's, through tiny-random built from a cache holding only SmolLM2's tokenizer files; twice
+GRPO_KNOBS_CACHE=$HOME/cc python3 -m benchmarks.host_after --model tiny-random --reps 20 --json host_after.json
+GRPO_KNOBS_CACHE=$HOME/cc python3 -m benchmarks.host_after --model tiny-random --reps 20 --json host_after-2.json
