@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -648,3 +649,21 @@ def test_launch_floor_cpu(tmp_path):
     assert [r["case"] for r in rows] == ["one program", "4 programs (one per SM)", "torch.mm 8 x 576 x 576"]
     assert all(r["us_per_launch"] > 0 and r["reps"] == 3 for r in rows)
     assert proc.stdout.count("x one program") == 2 and "3 launches at one program's cost: " in proc.stdout
+
+
+def test_gemm_layouts_cpu(tmp_path):
+    """Each of a layer's four products timed per arm (CPU: F.linear and x @ W_t with cuBLAS's name only), with
+    the model's shapes, and the best arm's ratio to F.linear printed per row."""
+    out = tmp_path / "gemm-layouts.json"
+    proc = _bench(
+        "benchmarks.gemm_layouts", "--model", "tiny-random", "--rows", "4,8", "--reps", "2", "--iters", "1",
+        "--out", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [(r["rows"], r["product"]) for r in rows] == [
+        (m, p) for m in (4, 8) for p in ("qkv", "o_proj", "gate_up", "down_proj")
+    ]
+    assert all(set(r["us"]) == {"linear/cublas", "x@Wt/cublas"} and min(r["us"].values()) > 0 for r in rows)
+    ratio = re.compile(r"^ +[48] (qkv|o_proj|gate_up|down_proj) .* (linear|x@Wt)/cublas \d+\.\d\dx$", re.M)
+    assert len(ratio.findall(proc.stdout)) == 8, proc.stdout
