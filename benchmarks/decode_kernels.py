@@ -26,6 +26,18 @@ from grpo_knobs.rollout import kernels as K
 from benchmarks.rollout import bandwidth, gpu_slug
 
 
+def layer_products(config) -> dict[str, tuple[int, int]]:
+    """name -> (out features, in features) of one layer's products, as the fused decoder stacks them."""
+    H, n_q, n_kv = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
+    D = getattr(config, "head_dim", None) or H // n_q
+    return {
+        "qkv": ((n_q + 2 * n_kv) * D, H),
+        "o_proj": (H, n_q * D),
+        "gate_up": (2 * config.intermediate_size, H),
+        "down_proj": (H, config.intermediate_size),
+    }
+
+
 def per_launch_us(fn, reps: int, iters: int, device: torch.device) -> float:
     """Microseconds per call of fn: reps calls captured in one CUDA graph, replayed iters times (CPU: a loop)."""
     if device.type != "cuda":
@@ -132,13 +144,7 @@ def main(argv=None) -> list[dict]:
             time_us(lambda: K.sample(logits, one, keys, zero, greedy, tok, lp)),
             B * V * el,
         )
-    for name, (n_out, n_in) in {
-        "qkv": ((n_q + 2 * n_kv) * D, H),
-        "o_proj": (H, n_q * D),
-        "gate_up": (2 * I, H),
-        "down_proj": (H, I),
-        "lm_head": (V, H),
-    }.items():
+    for name, (n_out, n_in) in (layer_products(c) | {"lm_head": (V, H)}).items():
         weight, inp = t(n_out, n_in), t(B, n_in)
         report(
             f"gemm {name} [{B}x{n_in}]x[{n_in}x{n_out}]",

@@ -19,23 +19,10 @@ from pathlib import Path
 import torch
 from grpo_knobs.models import load_model
 
-from benchmarks.decode_kernels import per_launch_us
+from benchmarks.decode_kernels import layer_products, per_launch_us
 from benchmarks.rollout import gpu_slug
 
 ARMS = ("linear/cublas", "x@Wt/cublas", "linear/cublaslt", "x@Wt/cublaslt")
-
-
-def products(model) -> dict[str, tuple[int, int]]:
-    """name -> (K, N) of one layer's products, as the fused decoder stacks them."""
-    c = model.config
-    D = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    H, I = c.hidden_size, c.intermediate_size  # noqa: E741 - the paper's names
-    return {
-        "qkv": (H, (c.num_attention_heads + 2 * c.num_key_value_heads) * D),
-        "o_proj": (c.num_attention_heads * D, H),
-        "gate_up": (H, 2 * I),
-        "down_proj": (I, H),
-    }
 
 
 def time_arm(arm: str, x, w, w_t, reps: int, iters: int, device) -> float:
@@ -69,7 +56,7 @@ def main(argv=None) -> list[dict]:
     print(f"{'rows':>5} {'product':<10} " + " ".join(f"{a:>16}" for a in arms) + "   best / linear-cublas")
     rows = []
     for M in (int(m) for m in args.rows.split(",")):
-        for name, (K, N) in products(model).items():
+        for name, (N, K) in layer_products(model.config).items():
             x = torch.randn(M, K, generator=g, device=device).to(dtype)  # [M, K]
             w = torch.randn(N, K, generator=g, device=device).to(dtype)  # [N, K]
             w_t = w.t().contiguous()  # [K, N]

@@ -51,6 +51,8 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # fixed once triton is imported: numpy runs the kernels
+
 
 @triton.jit
 def _add_rms_norm_kernel(
@@ -848,7 +850,7 @@ def _race(logits, inv_temperature, keys, step, greedy: bool, block: int | None):
     B, V = logits.shape
     assert logits.stride(-1) == 1 and keys.dtype == torch.int64
     if block is None:  # the interpreter's cost is per operation, not per element: one block per row there
-        block = triton.next_power_of_2(V) if os.environ.get("TRITON_INTERPRET") == "1" else 2048
+        block = triton.next_power_of_2(V) if INTERPRETED else 2048
     quarter = max(min(block, triton.next_power_of_2(V)) // 4, 1)
     n_blocks = triton.cdiv(V, 4 * quarter)
     part = torch.empty(B, n_blocks, 4, dtype=torch.float32, device=logits.device)  # [B, N, (m, s, key, z)]
@@ -867,6 +869,6 @@ def _race(logits, inv_temperature, keys, step, greedy: bool, block: int | None):
         N_BLOCKS=n_blocks,
         GREEDY=greedy,
         QUARTER=quarter,
-        FAST_LOG=os.environ.get("TRITON_INTERPRET") != "1",
+        FAST_LOG=not INTERPRETED,
     )
     return part, part_idx
