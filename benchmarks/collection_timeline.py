@@ -13,7 +13,10 @@ span is GPU time including any gap in which the GPU waited for the host; the hos
 
 ``--arms default,eager-prefill`` times variants of the decoder in one run, their collections interleaved:
 ``own-reads`` (the fused attention reads each row's own copy of its prompt's cache, not the group's first
-row's), ``eager-prefill`` (the prefill's launches run eagerly on every call instead of replaying a graph).
+row's), ``eager-prefill`` (the prefill's launches run eagerly on every call instead of replaying a graph), ``block-32``
+(the attended cache length grows in 32-slot buckets instead of 64: less of the cache read past the token, twice
+the captured step shapes), ``own-wide`` (kernels.py's GEMMs, with the norms and residual adds inside, at every
+width instead of cuBLAS's from ``LINEAR_ROWS`` rows up).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ ARMS = {  # decoder variants: StaticDecoder attributes set on an arm's engine
     "default": {},
     "own-reads": {"share_reads": False},
     "eager-prefill": {"graph_prefill": False},
+    "block-32": {"block": 32},
+    "own-wide": {"linear_rows": 1 << 16},
 }
 
 

@@ -200,6 +200,12 @@ TILE_SWEEP = [  # launch shapes tried for kernels.py's GEMMs (BM is also capped 
     for bk in (64, 128)
     for sk in (1, 2, 4)
 ]
+WIDE_TILE_SWEEP = [  # from 128 rows: larger tiles, eight warps for a 128-wide side
+    {"BM": bm, "BN": bn, "BK": 64, "SPLIT_K": sk, "num_warps": 8 if max(bm, bn) >= 128 else 4, "num_stages": 4}
+    for bm in (32, 64, 128)
+    for bn in (32, 64, 128)
+    for sk in (1, 2, 4)
+]
 
 
 def layer_routes(model, widths: list[int], kv_len: int, time_us, base: dict, tile_sweep: bool) -> list[dict]:
@@ -270,7 +276,7 @@ def layer_routes(model, widths: list[int], kv_len: int, time_us, base: dict, til
         }
         for name, (mine, theirs) in gemms.items():
             entry = r[f"gemm {name}"] = {"default_us": time_us(mine), "cublas_us": time_us(theirs), "sweep": []}
-            for tiles in TILE_SWEEP if tile_sweep else []:
+            for tiles in (WIDE_TILE_SWEEP if B >= 128 else TILE_SWEEP) if tile_sweep else []:
                 if tiles["BM"] <= max(16, 1 << (B - 1).bit_length()):  # row tiles up to the width
                     entry["sweep"].append(tiles | {"us": time_us(lambda: mine(**tiles))})
             entry["sweep"].sort(key=lambda e: e["us"])

@@ -86,7 +86,8 @@ def after(rows, tokens, logprobs, stop_ids, tokenizer, pad: int, texts=decode_te
     padded = time.perf_counter()
     token_ids, finish, lps = cut_rows(tokens, logprobs, stop_ids)
     cut = time.perf_counter()
-    return (ids[expand], mask[expand]), (token_ids, finish, lps, texts(tokenizer, token_ids)), (padded, cut)
+    rows = (ids, mask) if expand is None else (ids[expand], mask[expand])  # [B, P] each; None: no prompt repeats
+    return rows, (token_ids, finish, lps, texts(tokenizer, token_ids)), (padded, cut)
 
 
 def rows_decoded(rows, tokens, logprobs, stop_ids, tokenizer, pad: int):

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from tiny import run_args
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -543,15 +544,18 @@ def test_collection_timeline_times_decoder_variants_in_one_run(tmp_path):
     assert all("step 6: " in r and "; wall " in r for r in ratios)
     bad = _bench("benchmarks.collection_timeline", *args, "--arms", "default,both")
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1] == (
-        "--arms takes distinct names of default, own-reads, eager-prefill, comma-separated, got 'default,both'"
+        "--arms takes distinct names of default, own-reads, eager-prefill, block-32, own-wide, comma-separated, "
+        "got 'default,both'"
     )
 
 
-def test_host_after_cpu(tmp_path):
+@pytest.mark.parametrize("group", [3, 1], ids=["prompts-repeat", "prompts-distinct"])
+def test_host_after_cpu(tmp_path, group):
     """The host work before, with texts decoded per row, and now, on the tiny model's tokenizer: the pieces are
-    timed once all three agree."""
+    timed once all three agree, whether prompts repeat (each decoder row points at a distinct prompt row) or
+    not (every decoder row is its own prompt row)."""
     result = tmp_path / "host.json"
-    args = ["--model", "tiny-random", "--prompts", "4", "--group", "3", "--steps", "16", "--mean-length", "9"]
+    args = ["--model", "tiny-random", "--prompts", "4", "--group", str(group), "--steps", "16", "--mean-length", "9"]
     proc = _bench("benchmarks.host_after", *args, "--reps", "2", "--json", str(result))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     saved = json.loads(result.read_text())

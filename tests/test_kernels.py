@@ -42,13 +42,14 @@ def test_embed_rms_norm_gathers_then_normalises():
     torch.testing.assert_close(out, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w)
 
 
-@pytest.mark.parametrize("kv_len, step", [(32, 6), (64, 50)])
+@pytest.mark.parametrize("kv_len, step", [(32, 6), (64, 50), (40, 20)])
 @pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("share", [None, [3, 1, 0]], ids=["own-prompt", "shared-prompt"])
 def test_rotary_attention_writes_its_slot_and_attends_prompt_decodes_and_itself(kv_len, step, split, share):
     """One fused launch against plain torch: rotary at each row's position, k and v written to cache slot
     slot0 + step only, then grouped-query softmax over real prompt slots, earlier decoded slots and the
-    token itself; whole, or split into 16-slot pieces that the last program to finish combines. With
+    token itself; whole, or split into 16-slot pieces that the last program to finish combines (at kv_len 40
+    the last block runs past the bucket, so its loads are masked). With
     share, row b's prompt slots (keys, values, validity) are row share[b]'s and the rest its own."""
     g = torch.Generator(DEVICE).manual_seed(2)
     B, n_q, n_kv, D, C = 3, 6, 2, 32, 70  # 3 query heads per KV head (padded to 16 rows in the kernel)
@@ -101,6 +102,27 @@ def test_rotary_attention_writes_its_slot_and_attends_prompt_decodes_and_itself(
     scores = torch.einsum("bhd,bhkd->bhk", q, kk) * 0.25
     p = scores.masked_fill(~seen[:, None], float("-inf")).softmax(-1)  # [B, Hq, K]
     torch.testing.assert_close(out, torch.einsum("bhk,bhkd->bhd", p, vv).reshape(B, -1))
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_rotary_attention_does_not_read_blocks_past_the_token(split):
+    """A 16-slot block wholly past the token (slots 16-31 for the token in slot 14) is not read: NaN there
+    leaves the output bits as they are; a read would carry the NaN through the zero probabilities."""
+    g = torch.Generator(DEVICE).manual_seed(3)
+    B, n_q, n_kv, D, C, P, step = 2, 6, 2, 32, 40, 9, 6
+    qkv = torch.randn(B, (n_q + 2 * n_kv) * D, generator=g)
+    cos, sin = torch.randn(C, D, generator=g), torch.randn(C, D, generator=g)
+    kv, valid = torch.randn(2, B, n_kv, C, D, generator=g), torch.ones(B, C, dtype=torch.bool)
+    outs = []
+    for poison in (False, True):
+        cache = kv.clone()
+        if poison:
+            cache[..., 16:32, :] = float("nan")
+        out = torch.empty(B, n_q * D)
+        args = (qkv, cos, sin, torch.zeros(B, dtype=torch.long), torch.tensor([P - 1]), torch.tensor([step]))
+        K.rotary_attention(*args, cache[0], cache[1], valid, 32, 0.25, out, block_k=16, split=split, chunk=16)
+        outs.append(out)
+    assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1])
 
 
 def rms_norm(x, gamma):

@@ -442,13 +442,16 @@ def _rotary_attention_kernel(
         marked = tl.load(valid_ptr + rows * stride_valid + ks, mask=in_range & in_prompt, other=0) != 0
         ok = in_range & (ks < slot) & (marked | ~in_prompt)  # [BLOCK_K]: real prompt tokens and earlier decodes
         at = (rows * stride_row + j * stride_head + ks * stride_slot)[:, None] + d[None, :]  # [BLOCK_K, D]
-        k = tl.load(k_ptr + at, mask=in_range[:, None], other=0.0)  # [BLOCK_K, D]
+        # A block wholly past this token (the bucket's tail) is not read: its scores are masked anyway, and
+        # the zeros loaded in its place add exactly nothing, so the output bits are those of a full read.
+        live = (c * CHUNK + start) <= slot  # scalar: the block holds this token's slot or earlier ones
+        k = tl.load(k_ptr + at, mask=in_range[:, None] & live, other=0.0)  # [BLOCK_K, D]
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [G_PAD, BLOCK_K] float32
         s = tl.where(ok[None, :], s * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])  # [G_PAD, BLOCK_K]
-        v = tl.load(v_ptr + at, mask=in_range[:, None], other=0.0)  # [BLOCK_K, D]
+        v = tl.load(v_ptr + at, mask=in_range[:, None] & live, other=0.0)  # [BLOCK_K, D]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # [G_PAD, D]
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
@@ -523,7 +526,8 @@ def rotary_attention(
     slot0: [1] long, step: [1] long (on the device): the token of step ``step`` sits at rotary position
     pos0[b] + step and cache slot slot0 + step. k_cache, v_cache: [rows >= B, Hkv, C, D] with a contiguous
     last dimension. It attends to slots < kv_len that hold a real prompt token (slots <= slot0, where
-    ``valid`` [rows, C] marks them) or an earlier decoded token, then to itself. out: [B, Hq * D] (heads
+    ``valid`` [rows, C] marks them) or an earlier decoded token, then to itself; blocks of the bucket wholly
+    past this token are not read. out: [B, Hq * D] (heads
     concatenated, as o_proj expects). share: [>= B] long or None: row b reads its prompt slots (keys, values,
     validity; slots <= slot0) from row share[b], which holds the same prompt. Scores and softmax in float32;
     q and k rounded to the cache dtype, and probabilities before the value product, as flash attention does;
