@@ -220,7 +220,8 @@ def layer_routes(model, widths: list[int], kv_len: int, time_us, base: dict, til
     D = getattr(c, "head_dim", None) or H // n_q
     g = torch.Generator(dev).manual_seed(1)
     t = lambda *shape: (torch.randn(*shape, generator=g, device=dev) * 0.1).to(dtype)  # noqa: E731
-    wqkv, wo, wgu, wd, gamma = t((n_q + 2 * n_kv) * D, H), t(H, n_q * D), t(2 * I, H), t(H, I), t(H)
+    wqkv, wo, wgu, wd = (t(*shape) for shape in layer_products(c).values())  # [out, in] each
+    gamma = t(H)
     cos, sin, scale = t(kv_len, D), t(kv_len, D), D**-0.5
     rows, linear = [], torch.nn.functional.linear
     print(f"\none layer at {kv_len} cached slots, us per layer (x{c.num_hidden_layers} layers per step):")
