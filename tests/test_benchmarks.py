@@ -14,6 +14,16 @@ from tiny import run_args
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def interpreted(argv: list[str]) -> subprocess.CompletedProcess:
+    """``python argv`` from the checkout's root with the library on the path and Triton's interpreter on."""
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
 def test_rollout_benchmark_cpu(tmp_path):
     out = tmp_path / "rollout-cpu.json"
     env = {
@@ -202,35 +212,8 @@ def test_train_benchmark_cpu_on_a_real_collection(tmp_path):
 
 def test_decode_profile_cpu(tmp_path):
     out = tmp_path / "decode-profile-cpu.json"
-    env = {
-        **os.environ,
-        "TRITON_INTERPRET": "1",
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.decode_profile",
-            "--model",
-            "tiny-random",
-            "--batch",
-            "4",
-            "--steps",
-            "4",
-            "--paths",
-            "fast,fused",
-            "--device",
-            "cpu",
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    args = ["--model", "tiny-random", "--batch", "4", "--steps", "4", "--paths", "fast,fused", "--device", "cpu"]
+    proc = interpreted(["-m", "benchmarks.decode_profile", *args, "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())
     assert [r["path"] for r in rows] == ["fast", "fused"]
@@ -244,42 +227,9 @@ def test_decode_profile_cpu(tmp_path):
 
 def test_decode_kernels_cpu(tmp_path):
     out = tmp_path / "decode-kernels-cpu.json"
-    env = {
-        **os.environ,
-        "TRITON_INTERPRET": "1",
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.decode_kernels",
-            "--model",
-            "tiny-random",
-            "--batch",
-            "2",
-            "--kv-lens",
-            "16,32",
-            "--sweep",
-            "16,32:1:2",
-            "--reps",
-            "1",
-            "--widths",
-            "2",
-            "--layer-kv-len",
-            "16",
-            "--tile-sweep",
-            "--device",
-            "cpu",
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    args = ["--model", "tiny-random", "--batch", "2", "--kv-lens", "16,32", "--sweep", "16,32:1:2", "--reps", "1"]
+    args += ["--widths", "2", "--layer-kv-len", "16", "--tile-sweep", "--device", "cpu", "--out", str(out)]
+    proc = interpreted(["-m", "benchmarks.decode_kernels", *args])
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())
     (layer,) = [r for r in rows if r["kernel"] == "layer routes"]
@@ -671,3 +621,28 @@ def test_gemm_layouts_cpu(tmp_path):
     assert all(set(r["us"]) == {"linear/cublas", "x@Wt/cublas"} and min(r["us"].values()) > 0 for r in rows)
     ratio = re.compile(r"^ +[48] (qkv|o_proj|gate_up|down_proj) .* (linear|x@Wt)/cublas \d+\.\d\dx$", re.M)
     assert len(ratio.findall(proc.stdout)) == 8, proc.stdout
+
+
+def test_attention_shapes_cpu(tmp_path):
+    """Each shape's engine launches its attention with that shape (the graphs-off CPU path runs every step
+    through the patched launch), the default first, and the ratios are to the default's steps."""
+    out = tmp_path / "shapes.json"
+    args = ["--model", "tiny-random", "--batch", "4", "--new-tokens", "6", "--rounds", "1", "--device", "cpu"]
+    code = (
+        "import sys; from grpo_knobs.rollout import kernels; from benchmarks import attention_shapes as a\n"
+        "seen = []; launch = kernels._rotary_attention_kernel\n"
+        "class Spy:\n"
+        "    def __getitem__(self, grid):\n"
+        "        def run(*args, **kw):\n"
+        "            seen.append((kw['BLOCK_K'], kw['num_stages'], grid[2] > 1)); return launch[grid](*args, **kw)\n"
+        "        return run\n"
+        "kernels._rotary_attention_kernel = Spy()\n"
+        "a.main(sys.argv[1:]); print('SEEN', sorted(set(seen)))\n"
+    )
+    proc = interpreted(["-c", code, *args, "--shapes", "16:1:4:0,16:1:2:16", "--json", str(out)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [r["shape"] for r in rows] == ["k32-w1-s2", "k16-w1-s4", "k16-w1-s2-split16"]
+    assert rows[0]["over_default"] == 1.0 and all(r["decode_ms_per_step"] > 0 for r in rows)
+    seen = proc.stdout.split("SEEN ")[1].strip()
+    assert seen == "[(16, 2, True), (16, 4, False), (32, 2, False)]"
