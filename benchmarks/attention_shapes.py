@@ -58,20 +58,16 @@ def parse_shapes(text: str) -> list[tuple]:
     return shapes if DEFAULT_SHAPE in shapes else [DEFAULT_SHAPE, *shapes]
 
 
+_ORIGINAL = kernels.rotary_attention
+
+
 def shaped_attention(shape: tuple):
     """kernels.rotary_attention with its launch shape fixed to ``shape`` (callers' own arguments win)."""
     block_k, warps, stages, chunk = shape
     extra = dict(block_k=block_k, num_warps=warps, num_stages=stages)
     if chunk:
         extra |= dict(split=True, chunk=chunk)
-    return functools.partial(_call, extra=extra)
-
-
-_ORIGINAL = kernels.rotary_attention
-
-
-def _call(*args, extra: dict, **kwargs):
-    return _ORIGINAL(*args, **(extra | kwargs))
+    return functools.partial(_ORIGINAL, **extra)  # a partial's keywords give way to the call's
 
 
 def timed_shape(engine: HFEngine, shape: tuple, prompts, device, new_tokens: int) -> dict:
