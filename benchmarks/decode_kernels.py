@@ -152,17 +152,17 @@ def main(argv=None) -> list[dict]:
             flops=2 * B * n_in * n_out,
         )
 
-    valid = torch.ones(B, C, dtype=torch.bool, device=device)
     out = t(B, n_q * D)
-    pos0, zero_step = torch.zeros(B, dtype=torch.long, device=device), torch.zeros(1, dtype=torch.long, device=device)
+    zero_step = torch.zeros(1, dtype=torch.long, device=device)
     blocks, warps, stages = ([int(v) for v in part.split(",")] for part in args.sweep.split(":"))
     for kv_len in kv_lens:
         # the token sits in the bucket's last slot, so it attends to the whole bucket: a prompt of kv_len - 1
         slot0 = torch.tensor([kv_len - 1], device=device)
+        pos0 = torch.full((B,), kv_len - 1, device=device)  # prompts that fill every slot before the token's
         nbytes = 2 * B * n_kv * kv_len * D * el + B * (n_q + 2 * n_kv) * D * el + B * n_q * D * el
 
         def attend(**launch):
-            args_ = (qkv, cos, sin, pos0, slot0, zero_step, kv[0], kv[1], valid, kv_len, 0.125, out)
+            args_ = (qkv, cos, sin, pos0, slot0, zero_step, kv[0], kv[1], kv_len, 0.125, out)
             return K.rotary_attention(*args_, **launch)
 
         default = time_us(attend)
@@ -228,13 +228,13 @@ def layer_routes(model, widths: list[int], kv_len: int, time_us, base: dict, til
     print(f"{'width':>6} {'cublas 8':>9} {'own 6':>9} {'own/cublas':>10} {'attn whole':>11} {'attn split':>11}")
     for B in widths:
         x, h, qkv, o, gu, act = t(B, H), t(B, H), t(B, wqkv.shape[0]), t(B, n_q * D), t(B, 2 * I), t(B, I)
-        kv, valid = t(2, B, n_kv, kv_len, D), torch.ones(B, kv_len, dtype=torch.bool, device=dev)
-        pos0, step = torch.zeros(B, dtype=torch.long, device=dev), torch.zeros(1, dtype=torch.long, device=dev)
+        kv = t(2, B, n_kv, kv_len, D)
+        pos0, step = torch.full((B,), kv_len - 1, device=dev), torch.zeros(1, dtype=torch.long, device=dev)
         slot0, counts = torch.tensor([kv_len - 1], device=dev), torch.zeros(1 << 16, dtype=torch.int32, device=dev)
 
         def attend(split):
             K.rotary_attention(
-                qkv, cos, sin, pos0, slot0, step, kv[0], kv[1], valid, kv_len, scale, o, split=split, counts=counts
+                qkv, cos, sin, pos0, slot0, step, kv[0], kv[1], kv_len, scale, o, split=split, counts=counts
             )
 
         def cublas():

@@ -47,10 +47,11 @@ def test_embed_rms_norm_gathers_then_normalises():
 @pytest.mark.parametrize("share", [None, [3, 1, 0]], ids=["own-prompt", "shared-prompt"])
 def test_rotary_attention_writes_its_slot_and_attends_prompt_decodes_and_itself(kv_len, step, split, share):
     """One fused launch against plain torch: rotary at each row's position, k and v written to cache slot
-    slot0 + step only, then grouped-query softmax over real prompt slots, earlier decoded slots and the
-    token itself; whole, or split into 16-slot pieces that the last program to finish combines (at kv_len 40
-    the last block runs past the bucket, so its loads are masked). With
-    share, row b's prompt slots (keys, values, validity) are row share[b]'s and the rest its own."""
+    slot0 + step only, then grouped-query softmax over the real prompt slots (a left-padded prompt of
+    pos0[b] + 1 tokens ends at slot0), earlier decoded slots and the token itself; whole, or split into
+    16-slot pieces that the last program to finish combines (at kv_len 40 the last block runs past the
+    bucket, so its loads are masked). With share, row b's prompt slots (keys and values) are row share[b]'s
+    and the rest its own; the padding before the prompt is masked whatever those slots hold."""
     g = torch.Generator(DEVICE).manual_seed(2)
     B, n_q, n_kv, D, C = 3, 6, 2, 32, 70  # 3 query heads per KV head (padded to 16 rows in the kernel)
     P = 9  # prompt slots 0..8, then decoded tokens; this token goes to slot P - 1 + step
@@ -58,10 +59,9 @@ def test_rotary_attention_writes_its_slot_and_attends_prompt_decodes_and_itself(
     counts = torch.zeros(B * n_kv, dtype=torch.int32)
     qkv = torch.randn(B, (n_q + 2 * n_kv) * D, generator=g)
     cos_table, sin_table = torch.randn(C, D, generator=g), torch.randn(C, D, generator=g)  # [positions, D]
-    pos0 = torch.tensor([2, 0, 7, 5])  # [rows]: 4 rows, 3 decoded
+    pos0 = torch.tensor([2, 0, 7, 5])  # [rows]: 4 rows, 3 decoded; prompts of 3, 1, 8 and 6 tokens
     kv = torch.randn(2, 4, n_kv, C, D, generator=g)  # [k|v, rows, Hkv, C, D]
     before = kv.clone()
-    valid = torch.rand(4, C, generator=g) > 0.3  # [rows, C]: only the prompt part is read
     out = torch.empty(B, n_q * D)
     K.rotary_attention(
         qkv,
@@ -72,7 +72,6 @@ def test_rotary_attention_writes_its_slot_and_attends_prompt_decodes_and_itself(
         torch.tensor([step]),
         kv[0],
         kv[1],
-        valid,
         kv_len,
         0.25,
         out,
@@ -95,7 +94,8 @@ def test_rotary_attention_writes_its_slot_and_attends_prompt_decodes_and_itself(
     src = torch.arange(B) if share is None else torch.tensor(share)  # [B]: the row holding each row's prompt
     prompt = torch.arange(C) < P  # [C]
     keys = torch.arange(C)
-    seen = torch.where(prompt, valid[src], keys <= slot)[:, :kv_len]  # [B, K]: this token's slot included
+    real = keys >= (P - 1 - pos0[:B])[:, None]  # [B, C]: the prompt's tokens, not its left padding
+    seen = torch.where(prompt, real, keys <= slot)[:, :kv_len]  # [B, K]: this token's slot included
     cache = torch.where(prompt[:, None], kv[:, src], kv[:, :B])  # [2, B, Hkv, C, D]
     kk = cache[0, :, :, :kv_len].repeat_interleave(n_q // n_kv, 1)  # [B, Hq, K, D]
     vv = cache[1, :, :, :kv_len].repeat_interleave(n_q // n_kv, 1)
@@ -112,7 +112,7 @@ def test_rotary_attention_does_not_read_blocks_past_the_token(split):
     B, n_q, n_kv, D, C, P, step = 2, 6, 2, 32, 40, 9, 6
     qkv = torch.randn(B, (n_q + 2 * n_kv) * D, generator=g)
     cos, sin = torch.randn(C, D, generator=g), torch.randn(C, D, generator=g)
-    kv, valid = torch.randn(2, B, n_kv, C, D, generator=g), torch.ones(B, C, dtype=torch.bool)
+    kv = torch.randn(2, B, n_kv, C, D, generator=g)
     outs = []
     for poison in (False, True):
         cache = kv.clone()
@@ -120,7 +120,7 @@ def test_rotary_attention_does_not_read_blocks_past_the_token(split):
             cache[..., 16:32, :] = float("nan")
         out = torch.empty(B, n_q * D)
         args = (qkv, cos, sin, torch.zeros(B, dtype=torch.long), torch.tensor([P - 1]), torch.tensor([step]))
-        K.rotary_attention(*args, cache[0], cache[1], valid, 32, 0.25, out, block_k=16, split=split, chunk=16)
+        K.rotary_attention(*args, cache[0], cache[1], 32, 0.25, out, block_k=16, split=split, chunk=16)
         outs.append(out)
     assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1])
 

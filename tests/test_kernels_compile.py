@@ -59,7 +59,7 @@ SCRIPT = textwrap.dedent("""
     for kv_len in (64, C):
         for split in (False, True):  # at C, split attention: five 64-slot pieces and the in-order combine
             K.rotary_attention(bf16(B, (n_q + 2 * n_kv) * D), bf16(C, D), bf16(C, D), torch.zeros(B, dtype=torch.long),
-                               long1, long1, kv[0], kv[1], torch.ones(B, C, dtype=torch.bool), kv_len, 0.125,
+                               long1, long1, kv[0], kv[1], kv_len, 0.125,
                                bf16(B, n_q * D), split=split, counts=counts)
     K.silu_mul(bf16(B, 2 * I), bf16(B, I))
     keys, tok, lp = torch.zeros(B, dtype=torch.long), torch.zeros(B, dtype=torch.long), torch.zeros(B)

@@ -9,6 +9,7 @@ from grpo_knobs.models import load_model
 from grpo_knobs.rollout import Generation, cut_at_stop, make_engine
 from grpo_knobs.rollout.base import byte_table, cleans_up_spaces, cut_rows, decode_texts
 from grpo_knobs.rollout.hf import HFEngine, left_pad, response_keys, sample_tokens
+from tokenizers import decoders
 
 # The tiny model lives on the CPU, where the fused kernels run in Triton's interpreter; a GPU host
 # compiles them instead (tests/test_kernels.py runs them there, benchmarks.rollout times them).
@@ -194,7 +195,7 @@ def test_fused_routes_match_eager(tiny, prompts, monkeypatch, linear_rows, split
     model, tokenizer = tiny
     launches = []
     attend = kernels.rotary_attention
-    monkeypatch.setattr(kernels, "rotary_attention", lambda *a, **k: launches.append(a[9]) or attend(*a, **k))
+    monkeypatch.setattr(kernels, "rotary_attention", lambda *a, **k: launches.append(a[8]) or attend(*a, **k))
     kw = dict(n=2, max_new_tokens=12, temperature=0, seed=0)
     eager = HFEngine(model, tokenizer, fast=False, return_logprobs=True, max_batch_size=8).generate(prompts, **kw)
     engine = HFEngine(model, tokenizer, fast="fused", return_logprobs=True, max_batch_size=8, compact=False)
@@ -551,6 +552,31 @@ def test_decode_texts_reads_byte_level_tokens_as_utf8(tiny):
     want = [tokenizer.backend_tokenizer.decode(r, skip_special_tokens=True) for r in rows]
     assert decode_texts(tokenizer, rows) == want == tokenizer.batch_decode(rows, skip_special_tokens=True)
     assert "😀" in want[0] and "\ufffd" in want[2] and "<plain marker>" in want[-1] and want[-2] == ""
+
+
+def test_byte_table_reads_a_byte_level_decoder_inside_a_sequence(tiny):
+    """transformers 5.17 gives SmolLM2's GGUF tokenizer a Sequence decoder (ByteFallback, Fuse, a one-character
+    Replace, ByteLevel): it still gets a byte table, tokens those steps would change are left to the decoder, and
+    the texts are the decoder's; a Sequence with any other step gets no table."""
+    _, tokenizer = tiny
+    assert byte_table(tokenizer) is not None  # cached on the tokenizer, so each copy below starts with it
+    texts = ["Prices: 5€, naïve café 😀", " two  spaces and Ġ", "<0x41> stays text"]
+    rows = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+    rows += [[*rows[0], tokenizer.eos_token_id], rows[0][:-1]]  # a special token skipped; a cut character
+    for replaced in ("▁", "Ġ"):  # outside the byte map (no token holds it), and GPT-2's own space mark
+        sequence = copy.deepcopy(tokenizer)
+        steps = [decoders.ByteFallback(), decoders.Fuse(), decoders.Replace(replaced, " "), decoders.ByteLevel()]
+        sequence.backend_tokenizer.decoder = decoders.Sequence(steps)
+        table = byte_table(sequence)
+        assert table is not None
+        holding = [i for i in range(len(table)) if replaced in (sequence.backend_tokenizer.id_to_token(i) or "")]
+        assert all(table[i] is None for i in holding) and (replaced == "▁") == (not holding)
+        want = [sequence.backend_tokenizer.decode(r, skip_special_tokens=True) for r in rows]
+        assert decode_texts(sequence, rows) == want
+    stripping = copy.deepcopy(tokenizer)
+    stripping.backend_tokenizer.decoder = decoders.Sequence([decoders.Strip(" ", 1, 0), decoders.ByteLevel()])
+    assert byte_table(stripping) is None
+    assert decode_texts(stripping, rows) == stripping.batch_decode(rows, skip_special_tokens=True)
 
 
 @pytest.mark.parametrize("fast", [False, True, FUSED])

@@ -7,6 +7,7 @@ pad id, so a mask built from `token != pad` would silently drop EOS from the los
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -94,16 +95,18 @@ def decode_texts(tokenizer, token_ids: list[list[int]]) -> list[str]:
 def byte_table(tokenizer) -> list[bytes | None] | None:
     """The bytes each token id decodes to, for a byte-level BPE tokenizer (GPT-2's byte-to-character map, as
     SmolLM2, Qwen and Llama 3 use): b"" for special tokens, which decoding skips, and None for an added token
-    that is not special or a token outside the map, which ``decode_texts`` leaves to the Rust decoder. Joining
-    a row's bytes and reading them as UTF-8 is 3-4x faster than the decoder's call per row. None for other
-    tokenizers. Cached on the tokenizer until its vocabulary grows."""
+    that is not special, a token outside the map, or one the decoder would change before its ByteLevel step,
+    which ``decode_texts`` leaves to the Rust decoder. Joining a row's bytes and reading them as UTF-8 is 3-4x
+    faster than the decoder's call per row. None for other tokenizers. Cached on the tokenizer until its
+    vocabulary grows or its decoder changes."""
     backend = tokenizer.backend_tokenizer
-    size = backend.get_vocab_size(with_added_tokens=True)
+    key = (backend.get_vocab_size(with_added_tokens=True), repr(backend.decoder))
     cached = tokenizer.__dict__.get("_byte_table")
-    if cached is not None and cached[0] == size:
+    if cached is not None and cached[0] == key:
         return cached[1]
-    table = None
-    if type(backend.decoder).__name__ == "ByteLevel" and type(backend.model).__name__ == "BPE":
+    size, table = key[0], None
+    changed = _byte_level_steps(backend.decoder) if type(backend.model).__name__ == "BPE" else None
+    if changed is not None:
         from transformers.convert_slow_tokenizer import bytes_to_unicode  # the map the ByteLevel decoder inverts
 
         chars = {c: b for b, c in bytes_to_unicode().items()}
@@ -111,12 +114,39 @@ def byte_table(tokenizer) -> list[bytes | None] | None:
         table = []
         for i in range(size):
             token = backend.id_to_token(i)
-            if i in added or token is None or not set(token) <= chars.keys():
+            if i in added or token is None or not set(token) <= chars.keys() or changed(token):
                 table.append(b"" if i in added and added[i].special else None)
             else:
                 table.append(bytes(chars[c] for c in token))
-    tokenizer.__dict__["_byte_table"] = (size, table)
+    tokenizer.__dict__["_byte_table"] = (key, table)
     return table
+
+
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def _byte_level_steps(decoder):
+    """For a decoder that is ByteLevel, alone or last in a Sequence of steps that leave most byte-level tokens as
+    they are, a test of the tokens those steps would change: ByteFallback turns "<0xNN>" into its byte, Replace
+    of one character changes the tokens holding it, Fuse only joins the tokens (as the table's join does).
+    None for any other decoder. transformers 5.17 builds such a Sequence for SmolLM2's GGUF tokenizer, 5.24 a
+    plain ByteLevel."""
+    import json
+
+    decoder = json.loads(decoder.__getstate__()) if decoder is not None else {}
+    steps = decoder.get("decoders", []) if decoder.get("type") == "Sequence" else [decoder]
+    if not steps or steps[-1].get("type") != "ByteLevel":
+        return None
+    fallback, replaced = False, set()
+    for step in steps[:-1]:
+        kind, pattern = step.get("type"), (step.get("pattern") or {}).get("String")
+        if kind == "ByteFallback":
+            fallback = True
+        elif kind == "Replace" and pattern is not None and len(pattern) == 1:
+            replaced.add(pattern)
+        elif kind != "Fuse":
+            return None
+    return lambda token: bool(replaced.intersection(token)) or (fallback and _BYTE_TOKEN.fullmatch(token) is not None)
 
 
 def cleans_up_spaces(tokenizer) -> bool:

@@ -331,7 +331,7 @@ class StaticDecoder:
         from .kernels import rotary_attention
 
         o = qkv.new_empty(qkv.shape[0], self.n_heads * self.head_dim)  # [B, Hq * D]
-        args = (self.cos, self.sin, self.pos0, self.slot0, self.step, self.kv[i, 0], self.kv[i, 1], self.valid)
+        args = (self.cos, self.sin, self.pos0, self.slot0, self.step, self.kv[i, 0], self.kv[i, 1])
         share = self.share if self.share_reads else None
         return rotary_attention(qkv, *args, kv_len, layer.self_attn.scaling, o, counts=self.counts, share=share)
 
@@ -377,7 +377,7 @@ class StaticDecoder:
 
     def _decode(self, B: int, kv_len: int, greedy: bool):
         """One decode step for rows :B; every shape is fixed by (B, kv_len, greedy)."""
-        if self.fused is not None:  # the kernels read position, slot and validity from the step counter
+        if self.fused is not None:  # the kernels read position and slot from the step counter, not `valid`
             self._emit(self._forward_fused(B, kv_len), B, greedy)
             return
         slot = self.slot0 + self.step  # [1]

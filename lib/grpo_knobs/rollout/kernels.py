@@ -369,7 +369,6 @@ def _rotary_attention_kernel(
     step_ptr,
     k_ptr,
     v_ptr,
-    valid_ptr,
     share_ptr,
     o_ptr,
     part_ptr,
@@ -378,10 +377,10 @@ def _rotary_attention_kernel(
     stride_row,
     stride_head,
     stride_slot,
-    stride_valid,
     KV_LEN: tl.constexpr,
     CHUNK: tl.constexpr,
     SPLITS: tl.constexpr,
+    RAGGED: tl.constexpr,
     N_Q: tl.constexpr,
     N_KV: tl.constexpr,
     G: tl.constexpr,
@@ -400,10 +399,14 @@ def _rotary_attention_kernel(
     b = tl.program_id(0)
     j = tl.program_id(1)
     c = tl.program_id(2)
-    step = tl.load(step_ptr)
-    prompt_end = tl.load(slot0_ptr) + 1  # slots below hold the left-padded prompt; `valid` marks its tokens
+    # Slot and position arithmetic in int32 (a cache is far below 2^31 slots): the masks below are
+    # per-slot compares, twice the instructions in int64.
+    step = tl.load(step_ptr).to(tl.int32)
+    prompt_end = tl.load(slot0_ptr).to(tl.int32) + 1  # slots below hold the left-padded prompt
+    pos0 = tl.load(pos0_ptr + b).to(tl.int32)  # the prompt's last position: its length less one
+    first = prompt_end - 1 - pos0  # the first real prompt slot; the left padding lies before it
     slot = prompt_end - 1 + step  # this token's cache slot
-    pos = tl.load(pos0_ptr + b) + step  # its rotary position
+    pos = pos0 + step  # its rotary position
     d = tl.arange(0, D)
     # rotate_half pairs element d with d +- D/2, negated in the first half: x cos + (+-x[partner]) sin
     partner = (d + HALF) % D
@@ -421,37 +424,38 @@ def _rotary_attention_kernel(
     y_p = tl.load(src + (N_Q + j) * D + partner[None, :]).to(tl.float32)
     k_new = (y * cos + sign * y_p * sin).to(k_ptr.dtype.element_ty)  # [1, D]
     v_new = tl.load(src + (N_Q + N_KV + j) * D + d).to(v_ptr.dtype.element_ty)  # [D]
-    k_base = k_ptr + b * stride_row + j * stride_head
-    v_base = v_ptr + b * stride_row + j * stride_head
+    own = b.to(tl.int64) * stride_row + j * stride_head  # this row's cache for head j
     if c == 0:
-        tl.store(k_base + slot * stride_slot + d[None, :], k_new)
-        tl.store(v_base + slot * stride_slot + d, v_new)
+        tl.store(k_ptr + own + slot * stride_slot + d[None, :], k_new)
+        tl.store(v_ptr + own + slot * stride_slot + d, v_new)
     # The prompt slots come from row share[b], which holds the same prompt: the rows of a group then read
     # one copy, which stays in L2 while they run, instead of one copy each from HBM.
-    src = b
+    shared = own
     if SHARED:
-        src = tl.load(share_ptr + b).to(tl.int32)
+        shared = tl.load(share_ptr + b) * stride_row + j * stride_head
     m_i = tl.full([G_PAD], -1.0e30, tl.float32)  # running max (finite: a fully masked block stays harmless)
     l_i = tl.zeros([G_PAD], tl.float32)  # running softmax denominator
     acc = tl.zeros([G_PAD, D], tl.float32)
     for start in range(0, CHUNK, BLOCK_K):
-        ks = c * CHUNK + start + tl.arange(0, BLOCK_K)
-        in_range = ks < KV_LEN
-        in_prompt = ks < prompt_end
-        rows = tl.where(in_prompt, src, b)  # [BLOCK_K]: the row each slot is read from
-        marked = tl.load(valid_ptr + rows * stride_valid + ks, mask=in_range & in_prompt, other=0) != 0
-        ok = in_range & (ks < slot) & (marked | ~in_prompt)  # [BLOCK_K]: real prompt tokens and earlier decodes
-        at = (rows * stride_row + j * stride_head + ks * stride_slot)[:, None] + d[None, :]  # [BLOCK_K, D]
+        ks = c * CHUNK + start + tl.arange(0, BLOCK_K)  # [BLOCK_K] int32
+        # Real prompt tokens and earlier decodes: the decoder left-pads each prompt, so the slots that count
+        # are one range, computed from the row's position (a validity load here would hold up every block)
+        ok = (ks >= first) & (ks < slot)  # [BLOCK_K]
+        rows = tl.where(ks < prompt_end, shared, own)  # [BLOCK_K]: where each slot is read from
+        at = rows[:, None] + (ks * stride_slot)[:, None] + d[None, :]  # [BLOCK_K, D]
         # A block wholly past this token (the bucket's tail) is not read: its scores are masked anyway, and
         # the zeros loaded in its place add exactly nothing, so the output bits are those of a full read.
         live = (c * CHUNK + start) <= slot  # scalar: the block holds this token's slot or earlier ones
-        k = tl.load(k_ptr + at, mask=in_range[:, None] & live, other=0.0)  # [BLOCK_K, D]
+        if RAGGED:  # the last split runs past the bucket
+            ok = ok & (ks < KV_LEN)
+            live = live & (ks < KV_LEN)[:, None]
+        k = tl.load(k_ptr + at, mask=live, other=0.0)  # [BLOCK_K, D]
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [G_PAD, BLOCK_K] float32
         s = tl.where(ok[None, :], s * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])  # [G_PAD, BLOCK_K]
-        v = tl.load(v_ptr + at, mask=in_range[:, None] & live, other=0.0)  # [BLOCK_K, D]
+        v = tl.load(v_ptr + at, mask=live, other=0.0)  # [BLOCK_K, D]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # [G_PAD, D]
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
@@ -508,7 +512,6 @@ def rotary_attention(
     step: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    valid: torch.Tensor,
     kv_len: int,
     scale: float,
     out: torch.Tensor,
@@ -525,11 +528,11 @@ def rotary_attention(
     qkv: [B, (Hq + 2 Hkv) * D], the token's projections; cos, sin: [positions, D] tables; pos0: [>= B] long,
     slot0: [1] long, step: [1] long (on the device): the token of step ``step`` sits at rotary position
     pos0[b] + step and cache slot slot0 + step. k_cache, v_cache: [rows >= B, Hkv, C, D] with a contiguous
-    last dimension. It attends to slots < kv_len that hold a real prompt token (slots <= slot0, where
-    ``valid`` [rows, C] marks them) or an earlier decoded token, then to itself; blocks of the bucket wholly
-    past this token are not read. out: [B, Hq * D] (heads
-    concatenated, as o_proj expects). share: [>= B] long or None: row b reads its prompt slots (keys, values,
-    validity; slots <= slot0) from row share[b], which holds the same prompt. Scores and softmax in float32;
+    last dimension. Each row's prompt is left-padded into slots <= slot0, so its real tokens are slots
+    slot0 - pos0[b] .. slot0; it attends to those and to the decoded slots before this token's, then to itself;
+    blocks of the bucket wholly past this token are not read. out: [B, Hq * D] (heads concatenated, as
+    o_proj expects). share: [>= B] long or None: row b reads its prompt slots (keys and values; slots <= slot0)
+    from row share[b], which holds the same prompt. Scores and softmax in float32;
     q and k rounded to the cache dtype, and probabilities before the value product, as flash attention does;
     float32 inputs multiply in full precision, so the CPU and GPU tests compare exactly.
 
@@ -543,7 +546,7 @@ def rotary_attention(
     n_kv, C, D = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     n_q = out.shape[1] // D
     G = n_q // n_kv
-    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and valid.stride(-1) == 1
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
     assert cos.is_contiguous() and sin.is_contiguous() and cos.shape[-1] == D and kv_len <= C
     # kv_len is a compile-time constant (Triton's interpreter, which the CPU tests use, cannot loop to a
     # run-time bound): the decoder uses a few cache-length buckets, each captured in its own graph, so each
@@ -568,7 +571,6 @@ def rotary_attention(
         step,
         k_cache,
         v_cache,
-        valid,
         share if share is not None else pos0,  # not read unless SHARED
         out,
         part,
@@ -577,10 +579,10 @@ def rotary_attention(
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
-        valid.stride(0),
         KV_LEN=kv_len,
         CHUNK=piece,
         SPLITS=splits,
+        RAGGED=piece * splits != kv_len,
         N_Q=n_q,
         N_KV=n_kv,
         G=G,
