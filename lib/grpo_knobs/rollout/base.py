@@ -7,6 +7,7 @@ pad id, so a mask built from `token != pad` would silently drop EOS from the los
 
 from __future__ import annotations
 
+import json
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -131,8 +132,6 @@ def _byte_level_steps(decoder):
     of one character changes the tokens holding it, Fuse only joins the tokens (as the table's join does).
     None for any other decoder. transformers 5.17 builds such a Sequence for SmolLM2's GGUF tokenizer, 5.24 a
     plain ByteLevel."""
-    import json
-
     decoder = json.loads(decoder.__getstate__()) if decoder is not None else {}
     steps = decoder.get("decoders", []) if decoder.get("type") == "Sequence" else [decoder]
     if not steps or steps[-1].get("type") != "ByteLevel":
