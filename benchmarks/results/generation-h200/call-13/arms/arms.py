@@ -3,9 +3,10 @@ fused 512-row steps, and whether the two give the same tokens.
 
 ``before`` is the library's previous kernels.py (``git show 33eab91:lib/grpo_knobs/rollout/kernels.py`` saved
 beside this file as kernels_before.py, which loads each block's validity bytes from the decoder's ``valid``);
-the other arms are the checkout's kernel at launch shapes (slots per block, warps, stages). Each arm is swapped in for kernels.rotary_attention while its engine
-runs, as benchmarks.attention_shapes does; rounds interleaved; the split call of benchmarks.rollout. First,
-greedy and sampled (T = 1, keyed) responses of before and after are compared token for token.
+the other arms are the checkout's kernel at launch shapes (slots per block, warps, stages). Each arm is
+swapped in for kernels.rotary_attention while its engine runs, as benchmarks.attention_shapes does; rounds
+interleaved; the split call of benchmarks.rollout. First, greedy and sampled (T = 1, keyed) responses of
+before and after are compared token for token.
 
     python3 benchmarks/results/generation-h200/call-13/arms/arms.py --rounds 2
 """
