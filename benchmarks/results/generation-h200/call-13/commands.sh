@@ -1,7 +1,7 @@
-# Call 13: four H200 machines, one after another; the checkout sent to the machine, run from its root, after
+# Call 13: five H200 machines, one after another; the checkout sent to the machine, run from its root, after
 # `. benchmarks/results/generation-h200/call-13/env.sh` (the staged GGUF, caches under $HOME). Each machine got
 # the model in two staging calls, with results/, figures/ and benchmarks/results/ out of the tree for the session.
-# arms.py, ncu/attend.py --before and ncu/same.py load the previous decode attention from arms/kernels_before.py:
+# arms.py, ncu/attend.py --before, ncu/same.py and timeline/timeline_ab.py load the previous decode attention from arms/kernels_before.py:
 #   git show 33eab91:lib/grpo_knobs/rollout/kernels.py > benchmarks/results/generation-h200/call-13/arms/kernels_before.py
 
 # bounds/ (machine 1, the library at 33eab91): decode attention with parts of its work left out, inside the
@@ -28,3 +28,7 @@ python3 -m benchmarks.host_after --prompts 64 --group 8 --steps 256 --mean-lengt
     --json host-after-512x256.json   # host/
 python3 -m benchmarks.rollout --batches 512 --new-tokens 256 --paths eager,fast,fused --out rollout.json   # rollout/
 python3 -m benchmarks.recipe --in-process --out recipe --arm s1:seed=1 --arm s2:seed=2 --archive recipe-records.tar
+
+# timeline/ (machine 5, the same): whole collections as a run draws them (64 prompts x 8 of countdown-2x10, T = 1,
+# EOS on), the previous attention and text decoding against this commit's, interleaved
+python3 benchmarks/results/generation-h200/call-13/timeline/timeline_ab.py --collections 4   # timeline-ab.log
