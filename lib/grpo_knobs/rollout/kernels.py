@@ -54,6 +54,33 @@ import triton.language as tl  # noqa: E402
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # fixed once triton is imported: numpy runs the kernels
 
 
+def _interpreter_loop_bounds() -> None:
+    """Let the interpreter loop to a run-time bound. It holds every scalar as a one-element array and reads a
+    ``range`` bound with ``int()`` of it, which numpy 2.4 refuses; this reads the element instead."""
+    from triton.runtime import interpreter
+
+    patch = interpreter._patch_lang_tensor
+    if getattr(patch, "reads_one_element", False):
+        return
+
+    def index(self):
+        data = self.handle.data
+        if data.size != 1:
+            raise TypeError(f"only a scalar can be an index, not a block of shape {data.shape}")
+        return int(data.reshape(-1)[0])
+
+    def patched(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", index)
+
+    patched.reads_one_element = True
+    interpreter._patch_lang_tensor = patched
+
+
+if INTERPRETED:
+    _interpreter_loop_bounds()
+
+
 @triton.jit
 def _add_rms_norm_kernel(
     x_ptr,
@@ -390,6 +417,11 @@ def _rotary_attention_kernel(
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
     SHARED: tl.constexpr,
+    WIDE: tl.constexpr,
+    SWAP: tl.constexpr,
+    EXP2: tl.constexpr,
+    LAZY: tl.constexpr,
+    BOUNDED: tl.constexpr,
 ):
     # Program (b, j, c): row b's KV head j and the G query heads it serves, over cache slots
     # c * CHUNK .. (c + 1) * CHUNK - 1. It rotates them at the row's position, writes this token's key and
@@ -424,7 +456,12 @@ def _rotary_attention_kernel(
     y_p = tl.load(src + (N_Q + j) * D + partner[None, :]).to(tl.float32)
     k_new = (y * cos + sign * y_p * sin).to(k_ptr.dtype.element_ty)  # [1, D]
     v_new = tl.load(src + (N_Q + N_KV + j) * D + d).to(v_ptr.dtype.element_ty)  # [D]
-    own = b.to(tl.int64) * stride_row + j * stride_head  # this row's cache for head j
+    # Offsets into the cache in int32 where it holds fewer than 2^31 elements (WIDE otherwise): every block's
+    # addresses, and the choice of row each slot is read from, are per-slot integer work.
+    if WIDE:
+        own = b.to(tl.int64) * stride_row + j * stride_head  # this row's cache for head j
+    else:
+        own = b * stride_row + j * stride_head
     if c == 0:
         tl.store(k_ptr + own + slot * stride_slot + d[None, :], k_new)
         tl.store(v_ptr + own + slot * stride_slot + d, v_new)
@@ -432,36 +469,40 @@ def _rotary_attention_kernel(
     # one copy, which stays in L2 while they run, instead of one copy each from HBM.
     shared = own
     if SHARED:
-        shared = tl.load(share_ptr + b) * stride_row + j * stride_head
+        holder = tl.load(share_ptr + b)  # the row that holds this row's prompt
+        if not WIDE:
+            holder = holder.to(tl.int32)
+        shared = holder * stride_row + j * stride_head
+    # With EXP2 the softmax runs in base 2: one multiply by scale * log2(e) per score, then exp2, where the
+    # natural base multiplies by the scale and again inside each exponential.
+    if EXP2:
+        scale = scale * 1.4426950408889634
     m_i = tl.full([G_PAD], -1.0e30, tl.float32)  # running max (finite: a fully masked block stays harmless)
     l_i = tl.zeros([G_PAD], tl.float32)  # running softmax denominator
-    acc = tl.zeros([G_PAD, D], tl.float32)
-    for start in range(0, CHUNK, BLOCK_K):
-        ks = c * CHUNK + start + tl.arange(0, BLOCK_K)  # [BLOCK_K] int32
-        # Real prompt tokens and earlier decodes: the decoder left-pads each prompt, so the slots that count
-        # are one range, computed from the row's position (a validity load here would hold up every block)
-        ok = (ks >= first) & (ks < slot)  # [BLOCK_K]
-        rows = tl.where(ks < prompt_end, shared, own)  # [BLOCK_K]: where each slot is read from
-        at = rows[:, None] + (ks * stride_slot)[:, None] + d[None, :]  # [BLOCK_K, D]
-        # A block wholly past this token (the bucket's tail) is not read: its scores are masked anyway, and
-        # the zeros loaded in its place add exactly nothing, so the output bits are those of a full read.
-        live = (c * CHUNK + start) <= slot  # scalar: the block holds this token's slot or earlier ones
-        if RAGGED:  # the last split runs past the bucket
-            ok = ok & (ks < KV_LEN)
-            live = live & (ks < KV_LEN)[:, None]
-        k = tl.load(k_ptr + at, mask=live, other=0.0)  # [BLOCK_K, D]
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [G_PAD, BLOCK_K] float32
-        s = tl.where(ok[None, :], s * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])  # [G_PAD, BLOCK_K]
-        v = tl.load(v_ptr + at, mask=live, other=0.0)  # [BLOCK_K, D]
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # [G_PAD, D]
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        m_i = m_new
+    if SWAP:  # the products transposed: [slots, heads] scores and a [D, heads] sum (see rotary_attention)
+        acc = tl.zeros([D, G_PAD], tl.float32)
+    else:
+        acc = tl.zeros([G_PAD, D], tl.float32)
+    if BOUNDED:
+        # Only the blocks from the one holding the row's first real prompt slot to the one holding this token
+        # (a run-time range; the interpreter walks it through kernels._interpreter_loop_bounds)
+        lo = tl.maximum(c * CHUNK, (first // BLOCK_K) * BLOCK_K)
+        hi = tl.minimum(c * CHUNK + CHUNK, slot + 1)
+    else:  # the whole piece, a compile-time range, blocks past the token masked
+        lo = 0
+        hi = CHUNK
+    for start in range(lo, hi, BLOCK_K):
+        at = start if BOUNDED else c * CHUNK + start
+        slots = (first, slot, prompt_end, stride_slot)
+        m_i, l_i, acc = _attend_block(
+            at, q, k_ptr, v_ptr, shared, own, slots, scale, m_i, l_i, acc,
+            KV_LEN, BLOCK_K, D, RAGGED, not BOUNDED, PRECISION, SWAP, EXP2, LAZY,
+        )  # fmt: skip
+    if SWAP:
+        acc = tl.trans(acc)  # [G_PAD, D]
     o_rows = o_ptr + (b * N_Q + j * G + g) * D + d[None, :]  # [G_PAD, D]
     if SPLITS == 1:
-        _attend_self(q, k_new, v_new, m_i, l_i, acc, scale, o_rows, is_q)
+        _attend_self(q, k_new, v_new, m_i, l_i, acc, scale, o_rows, is_q, EXP2)
     else:
         # Publish this split's running max, denominator and sum, then count it in: a block-wide barrier
         # orders all its threads' stores before the count (one thread makes the atomic, acquire-release
@@ -483,23 +524,121 @@ def _rotary_attention_kernel(
                 l_t = tl.sum(tl.load(base + D + 1, mask=is_q, other=0.0, cache_modifier=".cg"), axis=1)
                 acc_t = tl.load(base + d[None, :], mask=is_q, other=0.0, cache_modifier=".cg")  # [G_PAD, D]
                 m_new = tl.maximum(m_i, m_t)
-                a_old, a_t = tl.exp(m_i - m_new), tl.exp(m_t - m_new)
+                a_old, a_t = _exp(m_i - m_new, EXP2), _exp(m_t - m_new, EXP2)
                 acc = acc * a_old[:, None] + acc_t * a_t[:, None]
                 l_i = l_i * a_old + l_t * a_t
                 m_i = m_new
             tl.store(count_ptr + b * N_KV + j, 0)
-            _attend_self(q, k_new, v_new, m_i, l_i, acc, scale, o_rows, is_q)
+            _attend_self(q, k_new, v_new, m_i, l_i, acc, scale, o_rows, is_q, EXP2)
 
 
 @triton.jit
-def _attend_self(q, k_new, v_new, m_i, l_i, acc, scale, o_rows, is_q):
+def _exp(x, EXP2: tl.constexpr):
+    """exp2 of base-2 softmax scores, exp of natural ones."""
+    if EXP2:
+        return tl.math.exp2(x)
+    return tl.exp(x)
+
+
+@triton.jit
+def _attend_block(
+    start,
+    q,
+    k_ptr,
+    v_ptr,
+    shared,
+    own,
+    slots,
+    scale,
+    m_i,
+    l_i,
+    acc,
+    KV_LEN: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    D: tl.constexpr,
+    RAGGED: tl.constexpr,
+    SKIP_DEAD: tl.constexpr,
+    PRECISION: tl.constexpr,
+    SWAP: tl.constexpr,
+    EXP2: tl.constexpr,
+    LAZY: tl.constexpr,
+):
+    """Fold cache slots start .. start + BLOCK_K - 1 into the softmax state (m_i, l_i [G_PAD]; acc [G_PAD, D],
+    or [D, G_PAD] with SWAP). SKIP_DEAD: the block may lie wholly past this token, and is then not read.
+    LAZY: the sum is rescaled only when a block's max passes the kept one by more than 2^8 (base 2).
+    slots: (the row's first real prompt slot, this token's slot, the prompt's end, the cache's slot stride)."""
+    first, slot, prompt_end, stride_slot = slots
+    ks = start + tl.arange(0, BLOCK_K)  # [BLOCK_K] int32
+    d = tl.arange(0, D)
+    # Real prompt tokens and earlier decodes: the decoder left-pads each prompt, so the slots that count
+    # are one range, computed from the row's position (a validity load here would hold up every block)
+    ok = (ks >= first) & (ks < slot)  # [BLOCK_K]
+    rows = tl.where(ks < prompt_end, shared, own)  # [BLOCK_K]: where each slot is read from
+    at = rows[:, None] + (ks * stride_slot)[:, None] + d[None, :]  # [BLOCK_K, D]
+    if SKIP_DEAD:
+        # A block wholly past this token (the bucket's tail) is not read: its scores are masked anyway, and
+        # the zeros loaded in its place add exactly nothing, so the output bits are those of a full read.
+        live = start <= slot  # scalar: the block holds this token's slot or earlier ones
+        if RAGGED:  # the last block or split runs past the bucket
+            ok = ok & (ks < KV_LEN)
+            live = live & (ks < KV_LEN)[:, None]
+    else:  # the caller's range ends at the token's block, so only a ragged bucket's last slots need a mask
+        live = (ks < KV_LEN)[:, None]  # [BLOCK_K, 1]
+        if RAGGED:
+            ok = ok & (ks < KV_LEN)
+    k = _load_block(k_ptr + at, live, SKIP_DEAD or RAGGED)  # [BLOCK_K, D]
+    # SLOTS: the scores' slot axis, along which m_i and l_i broadcast (also acc's D axis)
+    if SWAP:
+        SLOTS: tl.constexpr = 0
+        s = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # [BLOCK_K, G_PAD] float32
+    else:
+        SLOTS: tl.constexpr = 1
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [G_PAD, BLOCK_K] float32
+    s = tl.where(tl.expand_dims(ok, 1 - SLOTS), s * scale, float("-inf"))
+    m_blk = tl.max(s, axis=SLOTS)  # [G_PAD]
+    if LAZY:
+        # p below is exp2(s - m_i) <= 2^8 while the kept max trails by at most 8: safe in float32 and
+        # bfloat16, and the final division removes the scale whatever max was kept
+        if tl.max(m_blk - m_i, axis=0) > 8.0:
+            m_new = tl.maximum(m_i, m_blk)
+            alpha = _exp(m_i - m_new, EXP2)
+            acc = acc * tl.expand_dims(alpha, SLOTS)
+            l_i = l_i * alpha
+            m_i = m_new
+        p = _exp(s - tl.expand_dims(m_i, SLOTS), EXP2)
+    else:
+        m_new = tl.maximum(m_i, m_blk)
+        alpha = _exp(m_i - m_new, EXP2)
+        p = _exp(s - tl.expand_dims(m_new, SLOTS), EXP2)
+        acc = acc * tl.expand_dims(alpha, SLOTS)
+        l_i = l_i * alpha
+        m_i = m_new
+    v = _load_block(v_ptr + at, live, SKIP_DEAD or RAGGED)  # [BLOCK_K, D]
+    if SWAP:
+        acc += tl.dot(tl.trans(v), p.to(v.dtype), input_precision=PRECISION)  # [D, G_PAD]
+    else:
+        acc += tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # [G_PAD, D]
+    l_i += tl.sum(p, axis=SLOTS)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _load_block(ptrs, live, MASKED: tl.constexpr):
+    """A block of keys or values; with MASKED, zeros where ``live`` is false."""
+    if MASKED:
+        return tl.load(ptrs, mask=live, other=0.0)
+    return tl.load(ptrs)
+
+
+@triton.jit
+def _attend_self(q, k_new, v_new, m_i, l_i, acc, scale, o_rows, is_q, EXP2: tl.constexpr):
     """Fold this token's own score into the softmax state and store the normalised output."""
     s_self = tl.sum(q.to(tl.float32) * k_new.to(tl.float32), axis=1) * scale  # [G_PAD]
     m_new = tl.maximum(m_i, s_self)
-    alpha = tl.exp(m_i - m_new)
-    p_self = tl.exp(s_self - m_new).to(v_new.dtype).to(tl.float32)  # rounded as the block products' p
+    alpha = _exp(m_i - m_new, EXP2)
+    p_self = _exp(s_self - m_new, EXP2).to(v_new.dtype).to(tl.float32)  # rounded as the block products' p
     acc = acc * alpha[:, None] + p_self[:, None] * v_new.to(tl.float32)[None, :]
-    l_i = l_i * alpha + tl.exp(s_self - m_new)
+    l_i = l_i * alpha + _exp(s_self - m_new, EXP2)
     tl.store(o_rows, (acc / l_i[:, None]).to(o_rows.dtype.element_ty), mask=is_q)
 
 
@@ -522,6 +661,12 @@ def rotary_attention(
     split: bool | None = None,
     chunk: int | None = None,
     share: torch.Tensor | None = None,
+    swap: bool = False,
+    q_pad: int | None = None,
+    exp2: bool = False,
+    lazy: bool = False,
+    bounded: bool = False,
+    wide: bool | None = None,
 ) -> torch.Tensor:
     """One decode token's rotary embedding, cache write and grouped-query attention, in one launch.
 
@@ -541,6 +686,16 @@ def rotary_attention(
     ``chunk``-slot pieces (default SPLIT_CHUNK), one program each, combined by the last to finish.
     ``counts`` ([>= B * Hkv] int32, zero; left zero after the launch) lets a caller keep that tally in a
     buffer a CUDA graph holds.
+
+    Variants of the loop over cache blocks, off by default (benchmarks/attention_shapes.py times them in the
+    rollout, benchmarks/kernel_resources.py reads their sm_90 build). These three round differently from the
+    default in the last bits: ``swap``, the products transposed (slots x heads), the query heads padded to
+    ``q_pad`` (default 8) on an mma's narrow side instead of 16 rows; ``exp2``, the softmax in base 2, one
+    multiply a score fewer; ``lazy`` (with exp2), the running sum rescaled only when the max grows by more
+    than 2^8. These two give the default's bits: ``bounded``, the loop runs from the block of the row's first
+    real prompt slot to the token's block, a run-time range, instead of over the whole bucket with the
+    blocks past the token masked; ``wide``, 64-bit offsets into the cache (default: only where the cache
+    view spans 2^31 elements or more).
     """
     B = qkv.shape[0]
     n_kv, C, D = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
@@ -548,12 +703,12 @@ def rotary_attention(
     G = n_q // n_kv
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
     assert cos.is_contiguous() and sin.is_contiguous() and cos.shape[-1] == D and kv_len <= C
-    # kv_len is a compile-time constant (Triton's interpreter, which the CPU tests use, cannot loop to a
-    # run-time bound): the decoder uses a few cache-length buckets, each captured in its own graph, so each
-    # compiles once (and Triton's on-disk cache keeps it). Launch shape: the fastest of a sweep on an H200
-    # at SmolLM2-135M's shapes (benchmarks/decode_kernels.py): one warp per 64-wide head and 32-slot
-    # blocks, double-buffered.
-    g_pad = max(triton.next_power_of_2(G), 16)
+    assert exp2 or not lazy, "lazy rescaling keeps its 2^8 margin in base 2: pass exp2=True with it"
+    # kv_len is a compile-time constant: the decoder uses a few cache-length buckets, each captured in its own
+    # graph, so each compiles once (and Triton's on-disk cache keeps it). Launch shape: the fastest of a sweep
+    # on an H200 at SmolLM2-135M's shapes (benchmarks/decode_kernels.py, and inside the rollout's steps
+    # benchmarks/attention_shapes.py): one warp per 64-wide head and 32-slot blocks, double-buffered.
+    g_pad = max(triton.next_power_of_2(G), q_pad or (8 if swap else 16))
     if split is None:
         split = B * n_kv < 2 * sm_count(qkv.device)
     whole = triton.cdiv(kv_len, block_k) * block_k
@@ -592,10 +747,20 @@ def rotary_attention(
         BLOCK_K=block_k,
         PRECISION="ieee" if qkv.dtype == torch.float32 else "tf32",
         SHARED=share is not None,
+        WIDE=wide if wide is not None else _elements(k_cache) >= 2**31,
+        SWAP=swap,
+        EXP2=exp2,
+        LAZY=lazy,
+        BOUNDED=bounded,
         num_warps=num_warps or max(1, D // 64),
         num_stages=num_stages,
     )
     return out
+
+
+def _elements(t: torch.Tensor) -> int:
+    """How far past its first element a view reaches, in elements (its extent in the storage it views)."""
+    return 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
 
 
 def _split_buffers(part_shape: tuple, tallies: int, counts: torch.Tensor | None, device: torch.device):
