@@ -1,12 +1,19 @@
-"""Decode attention's launch shape timed where it runs: inside the rollout's fused decode steps.
+"""Decode attention's arms timed where they run: inside the rollout's fused decode steps.
 
 ``benchmarks.decode_kernels`` sweeps the attention kernel's launch shape alone (every row its own prompt,
 the token in the bucket's last slot). In the rollout the rows of a prompt read one copy of its cache, the
 token moves through its 64-slot bucket, and the other kernels of the step run around it, so the fastest
-shape alone need not be the fastest there. For each shape (slots per block, warps, pipeline stages, and
-optionally the cache split into pieces across programs at every width) this builds a fused engine whose
-attention launches with it, and times the decode steps of ``benchmarks.rollout``'s fixed-length call split
-into its parts. Rounds of all shapes are interleaved, so drift in clocks falls on every shape.
+arm alone need not be the fastest there. An arm is a launch shape and a variant of the loop over cache
+blocks, named as ``k{slots per block}-w{warps}-s{stages}`` followed by any of ``-split{slots}`` (the cache
+split into pieces across programs at every width), ``-swap{heads}`` (the products transposed, the query
+heads padded to that many columns), ``-exp2`` (the softmax in base 2), ``-lazy`` (with exp2: the running
+sum rescaled only when the max grows by more than 2^8), ``-bounded`` (the loop over the row's blocks
+only, a run-time range) and ``-wide`` (64-bit offsets into the cache, as before the 32-bit ones became the
+default where a cache allows them); ``kernels.rotary_attention`` documents each. For each arm this builds a fused
+engine whose attention launches with it, and times the decode steps of ``benchmarks.rollout``'s
+fixed-length call split into its parts. Rounds of all arms are interleaved, so drift in clocks falls on
+every arm. ``benchmarks.kernel_resources`` compiles the same arms for sm_90 on any machine and reports
+their registers, shared memory and loop instructions.
 
     python -m benchmarks.attention_shapes --batch 512 --new-tokens 256 --rounds 2 --json attention-shapes.json
 """
@@ -16,6 +23,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -26,54 +34,68 @@ from grpo_knobs.rollout.hf import HFEngine
 
 from benchmarks.rollout import fixed_length, question_prompts, split_call, timed_generate
 
-# (slots per block, warps, stages, pieces of the cache per (row, KV head) program: 0 = whole cache)
-DEFAULT_SHAPE = (32, 1, 2, 0)
-SHAPES = [
-    DEFAULT_SHAPE,
-    (32, 1, 3, 0),
-    (32, 1, 4, 0),
-    (16, 1, 2, 0),
-    (16, 1, 4, 0),
-    (64, 1, 2, 0),
-    (64, 2, 2, 0),
-    (32, 2, 2, 0),
-    (32, 1, 2, 128),
-    (32, 1, 2, 64),
-]
+DEFAULT_ARM = "k32-w1-s2"  # kernels.rotary_attention's defaults
+FLAGS = ("exp2", "lazy", "bounded", "wide")
 
 
-def shape_name(shape: tuple) -> str:
-    block_k, warps, stages, chunk = shape
-    return f"k{block_k}-w{warps}-s{stages}" + (f"-split{chunk}" if chunk else "")
+def parse_arm(name: str) -> dict:
+    """An arm's name -> {"name", "kwargs" for kernels.rotary_attention}; SystemExit naming what is wrong."""
+    head = re.fullmatch(r"k(\d+)-w(\d+)-s(\d+)((?:-[a-z0-9]+)*)", name)
+    if head is None:
+        raise SystemExit(
+            f"an arm is k<slots>-w<warps>-s<stages>[-split<n>][-swap<n>][-exp2][-lazy][-bounded][-wide], got {name!r}"
+        )
+    block_k, warps, stages = map(int, head.groups()[:3])
+    kwargs = dict(block_k=block_k, num_warps=warps, num_stages=stages)
+    for part in filter(None, head.group(4).split("-")):
+        if m := re.fullmatch(r"split(\d+)", part):
+            kwargs |= dict(split=True, chunk=int(m.group(1)))
+        elif m := re.fullmatch(r"swap(\d+)", part):
+            kwargs |= dict(swap=True, q_pad=int(m.group(1)))
+        elif part in FLAGS:
+            kwargs[part] = True
+        else:
+            raise SystemExit(f"arm {name!r}: unknown part {part!r} (split<n>, swap<n>, exp2, lazy, bounded, wide)")
+    if kwargs.get("lazy") and not kwargs.get("exp2"):
+        raise SystemExit(f"arm {name!r}: lazy rescaling runs in base 2, so it needs exp2 too ({name}-exp2 ...)")
+    return {"name": name, "kwargs": kwargs}
 
 
-def parse_shapes(text: str) -> list[tuple]:
-    """'32:1:2:0,64:2:2:0' -> [(32, 1, 2, 0), (64, 2, 2, 0)]; the default shape is put first if missing."""
-    shapes = []
-    for item in text.split(","):
-        parts = item.split(":")
-        if len(parts) != 4 or not all(p.isdigit() for p in parts):
-            raise SystemExit(f"--shapes takes block:warps:stages:chunk items, comma-separated, got {item!r}")
-        shapes.append(tuple(int(p) for p in parts))
-    return shapes if DEFAULT_SHAPE in shapes else [DEFAULT_SHAPE, *shapes]
+def parse_arms(text: str) -> list[dict]:
+    """'k16-w1-s4,k32-w1-s2-exp2' -> their arms, the default first (added if missing)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    return [parse_arm(n) for n in ([] if DEFAULT_ARM in names else [DEFAULT_ARM]) + names]
 
+
+# The default, the kernel as it was before its offsets went 32-bit, then the block loop's variants (the
+# launch shapes alone were swept in earlier calls: benchmarks/results/generation-h200/call-12/)
+ARMS = parse_arms(
+    ",".join(
+        [
+            "k32-w1-s2-wide",
+            "k32-w1-s2-exp2",
+            "k32-w1-s2-exp2-lazy",
+            "k32-w1-s2-bounded",
+            "k32-w1-s2-exp2-lazy-bounded",
+            "k16-w1-s4-exp2-lazy-bounded",
+            "k32-w1-s3-swap8",
+            "k32-w1-s3-swap8-exp2-lazy-bounded",
+        ]
+    )
+)
 
 _ORIGINAL = kernels.rotary_attention
 
 
-def shaped_attention(shape: tuple):
-    """kernels.rotary_attention with its launch shape fixed to ``shape`` (callers' own arguments win)."""
-    block_k, warps, stages, chunk = shape
-    extra = dict(block_k=block_k, num_warps=warps, num_stages=stages)
-    if chunk:
-        extra |= dict(split=True, chunk=chunk)
-    return functools.partial(_ORIGINAL, **extra)  # a partial's keywords give way to the call's
+def armed_attention(arm: dict):
+    """kernels.rotary_attention launched as ``arm`` says (callers' own arguments win)."""
+    return functools.partial(_ORIGINAL, **arm["kwargs"])  # a partial's keywords give way to the call's
 
 
-def timed_shape(engine: HFEngine, shape: tuple, prompts, device, new_tokens: int) -> dict:
-    """The split call (benchmarks.rollout.split_call) of one engine with attention launched at ``shape``; the
+def timed_arm(engine: HFEngine, arm: dict, prompts, device, new_tokens: int) -> dict:
+    """The split call (benchmarks.rollout.split_call) of one engine with attention launched as ``arm``; the
     first call of an engine compiles and captures its shapes and is not timed."""
-    kernels.rotary_attention = shaped_attention(shape)
+    kernels.rotary_attention = armed_attention(arm)
     try:
         if not engine.decoder.graphs:
             timed_generate(engine, prompts, device, **fixed_length(new_tokens))
@@ -87,42 +109,35 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--new-tokens", type=int, default=256)
-    ap.add_argument("--rounds", type=int, default=2, help="timed calls per shape, the shapes interleaved")
-    ap.add_argument(
-        "--shapes",
-        default=None,
-        help="block:warps:stages:chunk items (chunk 0: the whole cache per program); default: a fixed list",
-    )
+    ap.add_argument("--rounds", type=int, default=2, help="timed calls per arm, the arms interleaved")
+    ap.add_argument("--arms", default=None, help="arm names, comma-separated (see above); default: a fixed list")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    shapes = parse_shapes(args.shapes) if args.shapes else SHAPES
+    arms = parse_arms(args.arms) if args.arms else ARMS
 
     device = torch.device(args.device)
     model, tokenizer, info = load_model(args.model, device=device)
     prompt_ids = question_prompts(tokenizer)
     prompts = [prompt_ids[i % len(prompt_ids)] for i in range(args.batch)]
     kw = dict(device=device, max_batch_size=args.batch, fast="fused", return_logprobs=False)
-    engines = {shape: HFEngine(model, tokenizer, **kw) for shape in shapes}
-    calls: dict[tuple, list[dict]] = {shape: [] for shape in shapes}
+    engines = {arm["name"]: HFEngine(model, tokenizer, **kw) for arm in arms}
+    calls: dict[str, list[dict]] = {arm["name"]: [] for arm in arms}
     for _ in range(args.rounds):
-        for shape, engine in engines.items():
-            calls[shape].append(timed_shape(engine, shape, prompts, device, args.new_tokens))
+        for arm in arms:
+            calls[arm["name"]].append(timed_arm(engines[arm["name"]], arm, prompts, device, args.new_tokens))
     print(
         f"{info.name} on {device}, fused path, {args.batch} rows x {args.new_tokens} steps of the rollout "
-        f"benchmark's prompts; decode ms per step over {args.rounds} interleaved calls per shape"
+        f"benchmark's prompts; decode ms per step over {args.rounds} interleaved calls per arm"
     )
-    print(f"{'shape':<22} {'ms/step (median)':>17} {'calls':>22} {'/ default':>10}")
-    base = statistics.median(c["decode_ms_per_step"] for c in calls[DEFAULT_SHAPE])
+    print(f"{'arm':<36} {'ms/step (median)':>17} {'calls':>22} {'/ default':>10}")
+    base = statistics.median(c["decode_ms_per_step"] for c in calls[arms[0]["name"]])
     rows = []
-    for shape in shapes:
-        per_step = [c["decode_ms_per_step"] for c in calls[shape]]
+    for arm in arms:
+        per_step = [c["decode_ms_per_step"] for c in calls[arm["name"]]]
         row = {
-            "shape": shape_name(shape),
-            "block_k": shape[0],
-            "num_warps": shape[1],
-            "num_stages": shape[2],
-            "split_chunk": shape[3],
+            "arm": arm["name"],
+            "kwargs": arm["kwargs"],
             "decode_ms_per_step": statistics.median(per_step),
             "calls_ms_per_step": per_step,
             "over_default": statistics.median(per_step) / base,
@@ -132,7 +147,7 @@ def main(argv=None) -> list[dict]:
         }
         rows.append(row)
         spread = " ".join(f"{v:.3f}" for v in per_step)
-        print(f"{row['shape']:<22} {row['decode_ms_per_step']:>17.3f} {spread:>22} {row['over_default']:>10.3f}")
+        print(f"{row['arm']:<36} {row['decode_ms_per_step']:>17.3f} {spread:>22} {row['over_default']:>10.3f}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=2) + "\n")

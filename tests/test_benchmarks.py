@@ -14,25 +14,25 @@ from tiny import run_args
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def interpreted(argv: list[str]) -> subprocess.CompletedProcess:
-    """``python argv`` from the checkout's root with the library on the path and Triton's interpreter on."""
+def run_in_root(argv: list[str], timeout: int = 600, **env: str) -> subprocess.CompletedProcess:
+    """``python argv`` from the checkout's root with the library and the benchmarks on the path, ``env`` set."""
     env = {
         **os.environ,
-        "TRITON_INTERPRET": "1",
         "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        **env,
     }
-    return subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def interpreted(argv: list[str]) -> subprocess.CompletedProcess:
+    """``run_in_root`` with Triton's interpreter on."""
+    return run_in_root(argv, TRITON_INTERPRET="1")
 
 
 def test_rollout_benchmark_cpu(tmp_path):
     out = tmp_path / "rollout-cpu.json"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    proc = subprocess.run(
+    proc = run_in_root(
         [
-            sys.executable,
             "-m",
             "benchmarks.rollout",
             "--model",
@@ -49,12 +49,7 @@ def test_rollout_benchmark_cpu(tmp_path):
             "countdown-2x10",
             "--group",
             "2",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        ]
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "not measured" in proc.stdout  # CPU rows say their bandwidth is a flag value
@@ -97,13 +92,8 @@ def test_rollout_benchmark_cpu(tmp_path):
 
 def test_train_benchmark_cpu(tmp_path):
     out = tmp_path / "train-cpu.json"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    proc = subprocess.run(
+    proc = run_in_root(
         [
-            sys.executable,
             "-m",
             "benchmarks.train",
             "--model",
@@ -128,12 +118,7 @@ def test_train_benchmark_cpu(tmp_path):
             "cpu",
             "--out",
             str(out),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        ]
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())
@@ -166,13 +151,8 @@ def test_train_benchmark_cpu(tmp_path):
 
 def test_train_benchmark_cpu_on_a_real_collection(tmp_path):
     out = tmp_path / "train-cpu.json"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    proc = subprocess.run(
+    proc = run_in_root(
         [
-            sys.executable,
             "-m",
             "benchmarks.train",
             "--model",
@@ -195,12 +175,7 @@ def test_train_benchmark_cpu_on_a_real_collection(tmp_path):
             "cpu",
             "--out",
             str(out),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        ]
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())
@@ -255,13 +230,8 @@ def test_trl_peer_script_cpu(tmp_path):
     pytest.importorskip("trl")
     pytest.importorskip("datasets")  # GRPOTrainer's own dependency
     out = tmp_path / "trl-cpu.json"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    proc = subprocess.run(
+    proc = run_in_root(
         [
-            sys.executable,
             "-m",
             "benchmarks.peers.trl_grpo",
             "--model",
@@ -285,10 +255,6 @@ def test_trl_peer_script_cpu(tmp_path):
             "--out",
             str(out),
         ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -318,14 +284,8 @@ def _other_revision(tmp_path) -> Path:
 
 
 def _bench(module: str, *args: str) -> subprocess.CompletedProcess:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        "OMP_NUM_THREADS": "1",  # tiny models on shared cores: threads only wait for each other
-    }
-    return subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
+    # tiny models on shared cores: threads only wait for each other
+    return run_in_root(["-m", module, *args], OMP_NUM_THREADS="1")
 
 
 def test_recipe_runs_an_arm_on_another_revision_cpu(tmp_path):
@@ -624,7 +584,7 @@ def test_gemm_layouts_cpu(tmp_path):
 
 
 def test_attention_shapes_cpu(tmp_path):
-    """Each shape's engine launches its attention with that shape (the graphs-off CPU path runs every step
+    """Each arm's engine launches its attention as the arm's name says (the graphs-off CPU path runs every step
     through the patched launch), the default first, and the ratios are to the default's steps."""
     out = tmp_path / "shapes.json"
     args = ["--model", "tiny-random", "--batch", "4", "--new-tokens", "6", "--rounds", "1", "--device", "cpu"]
@@ -634,15 +594,60 @@ def test_attention_shapes_cpu(tmp_path):
         "class Spy:\n"
         "    def __getitem__(self, grid):\n"
         "        def run(*args, **kw):\n"
-        "            seen.append((kw['BLOCK_K'], kw['num_stages'], grid[2] > 1)); return launch[grid](*args, **kw)\n"
+        "            seen.append((kw['BLOCK_K'], kw['num_stages'], grid[2] > 1, kw['G_PAD'],\n"
+        "                         kw['SWAP'], kw['EXP2'], kw['LAZY'], kw['BOUNDED']))\n"
+        "            return launch[grid](*args, **kw)\n"
         "        return run\n"
         "kernels._rotary_attention_kernel = Spy()\n"
         "a.main(sys.argv[1:]); print('SEEN', sorted(set(seen)))\n"
     )
-    proc = interpreted(["-c", code, *args, "--shapes", "16:1:4:0,16:1:2:16", "--json", str(out)])
+    arms = "k16-w1-s2-split16,k16-w1-s3-swap4-exp2-lazy-bounded"
+    proc = interpreted(["-c", code, *args, "--arms", arms, "--json", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())
-    assert [r["shape"] for r in rows] == ["k32-w1-s2", "k16-w1-s4", "k16-w1-s2-split16"]
+    assert [r["arm"] for r in rows] == ["k32-w1-s2", *arms.split(",")]
     assert rows[0]["over_default"] == 1.0 and all(r["decode_ms_per_step"] > 0 for r in rows)
-    seen = proc.stdout.split("SEEN ")[1].strip()
-    assert seen == "[(16, 2, True), (16, 4, False), (32, 2, False)]"
+    # (slots per block, stages, split, query-head tile, swap, exp2, lazy, bounded); tiny-random has 2 heads a group
+    assert proc.stdout.split("SEEN ")[1].strip() == str(
+        [
+            (16, 2, True, 16, False, False, False, False),
+            (16, 3, False, 4, True, True, True, True),
+            (32, 2, False, 16, False, False, False, False),
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("k32-w1", "k<slots>-w<warps>-s<stages>"),
+        ("k32-w1-s2-fast", "unknown part 'fast'"),
+        ("k32-w1-s2-lazy", "needs exp2 too"),
+    ],
+)
+def test_attention_arm_names_fail_with_what_is_wrong(name, message):
+    from benchmarks.attention_shapes import parse_arms
+
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        parse_arms(name)
+
+
+def test_kernel_resources_reads_the_sm90_build():
+    """Decode attention compiled for sm_90 at SmolLM2-135M's shapes, on a machine without a GPU: a 32-slot block
+    is 32 tensor-core products in the loop (16 x 32 scores over D = 64, then 16 x 64 sums over 32 slots, at
+    16 x 8 x 16 each), a 16-slot block 16, and the programs an SM holds follow from registers and shared memory."""
+    arms = ["--arms", "k16-w1-s4-exp2-lazy-bounded"]
+    proc = run_in_root(["-m", "benchmarks.kernel_resources", *arms], TRITON_INTERPRET="0")  # the real compiler
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from benchmarks.kernel_resources import programs_per_sm
+
+    rows = {}
+    for line in proc.stdout.splitlines()[2:4]:
+        name, regs, shared, per_sm, _, loop, *_ = line.split()
+        rows[name] = (int(regs), int(shared), int(per_sm), int(loop), int(line.split()[9]))
+    assert list(rows) == ["k32-w1-s2", "k16-w1-s4-exp2-lazy-bounded"]
+    assert rows["k32-w1-s2"][4] == 32 and rows["k16-w1-s4-exp2-lazy-bounded"][4] == 16
+    for regs, shared, per_sm, loop, _ in rows.values():
+        assert 0 < regs <= 255 and shared > 0 and loop > 0
+        assert per_sm == programs_per_sm(regs, shared, 1)
+    assert programs_per_sm(162, 10240, 1) == 12  # what Nsight Compute reported for the default on an H200
