@@ -491,13 +491,65 @@ def _rotary_attention_kernel(
     else:  # the whole piece, a compile-time range, blocks past the token masked
         lo = 0
         hi = CHUNK
+    # SLOTS: the scores' slot axis, along which m_i and l_i broadcast (also acc's D axis)
+    SLOTS: tl.constexpr = 0 if SWAP else 1
     for start in range(lo, hi, BLOCK_K):
-        at = start if BOUNDED else c * CHUNK + start
-        slots = (first, slot, prompt_end, stride_slot)
-        m_i, l_i, acc = _attend_block(
-            at, q, k_ptr, v_ptr, shared, own, slots, scale, m_i, l_i, acc,
-            KV_LEN, BLOCK_K, D, RAGGED, not BOUNDED, PRECISION, SWAP, EXP2, LAZY,
-        )  # fmt: skip
+        # (the body is written out here, not in a helper: Triton's interpreter re-patches the language at
+        # every call of a helper, a tenth of a fused CPU test's time at a few calls a block)
+        if BOUNDED:
+            ks = start + tl.arange(0, BLOCK_K)  # [BLOCK_K] int32
+        else:
+            ks = c * CHUNK + start + tl.arange(0, BLOCK_K)
+        # Real prompt tokens and earlier decodes: the decoder left-pads each prompt, so the slots that count
+        # are one range, computed from the row's position (a validity load here would hold up every block)
+        ok = (ks >= first) & (ks < slot)  # [BLOCK_K]
+        rows = tl.where(ks < prompt_end, shared, own)  # [BLOCK_K]: where each slot is read from
+        at = rows[:, None] + (ks * stride_slot)[:, None] + d[None, :]  # [BLOCK_K, D]
+        live = None  # the bounded range ends at the token's block: only a ragged bucket masks its loads
+        other = None
+        if not BOUNDED:
+            # A block wholly past this token (the bucket's tail) is not read: its scores are masked anyway,
+            # and the zeros loaded in its place add exactly nothing, so the output bits are a full read's.
+            live = (c * CHUNK + start) <= slot  # scalar: the block holds this token's slot or earlier ones
+            other = 0.0
+        if RAGGED:  # the last block or split runs past the bucket
+            ok = ok & (ks < KV_LEN)
+            live = (ks < KV_LEN)[:, None] if BOUNDED else live & (ks < KV_LEN)[:, None]
+            other = 0.0
+        k = tl.load(k_ptr + at, mask=live, other=other)  # [BLOCK_K, D]
+        if SWAP:
+            s = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # [BLOCK_K, G_PAD] float32
+        else:
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [G_PAD, BLOCK_K] float32
+        s = tl.where(tl.expand_dims(ok, 1 - SLOTS), s * scale, float("-inf"))
+        m_blk = tl.max(s, axis=SLOTS)  # [G_PAD]
+        if LAZY:
+            # p below is exp2(s - m_i) <= 2^8 while the kept max trails by at most 8: safe in float32 and
+            # bfloat16, and the final division removes the scale whatever max was kept
+            if tl.max(m_blk - m_i, axis=0) > 8.0:
+                m_new = tl.maximum(m_i, m_blk)
+                alpha = tl.math.exp2(m_i - m_new)
+                acc = acc * tl.expand_dims(alpha, SLOTS)
+                l_i = l_i * alpha
+                m_i = m_new
+            p = tl.math.exp2(s - tl.expand_dims(m_i, SLOTS))
+        else:
+            m_new = tl.maximum(m_i, m_blk)
+            if EXP2:
+                alpha = tl.math.exp2(m_i - m_new)
+                p = tl.math.exp2(s - tl.expand_dims(m_new, SLOTS))
+            else:
+                alpha = tl.exp(m_i - m_new)
+                p = tl.exp(s - tl.expand_dims(m_new, SLOTS))
+            acc = acc * tl.expand_dims(alpha, SLOTS)
+            l_i = l_i * alpha
+            m_i = m_new
+        v = tl.load(v_ptr + at, mask=live, other=other)  # [BLOCK_K, D]
+        if SWAP:
+            acc += tl.dot(tl.trans(v), p.to(v.dtype), input_precision=PRECISION)  # [D, G_PAD]
+        else:
+            acc += tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # [G_PAD, D]
+        l_i += tl.sum(p, axis=SLOTS)
     if SWAP:
         acc = tl.trans(acc)  # [G_PAD, D]
     o_rows = o_ptr + (b * N_Q + j * G + g) * D + d[None, :]  # [G_PAD, D]
@@ -538,96 +590,6 @@ def _exp(x, EXP2: tl.constexpr):
     if EXP2:
         return tl.math.exp2(x)
     return tl.exp(x)
-
-
-@triton.jit
-def _attend_block(
-    start,
-    q,
-    k_ptr,
-    v_ptr,
-    shared,
-    own,
-    slots,
-    scale,
-    m_i,
-    l_i,
-    acc,
-    KV_LEN: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    D: tl.constexpr,
-    RAGGED: tl.constexpr,
-    SKIP_DEAD: tl.constexpr,
-    PRECISION: tl.constexpr,
-    SWAP: tl.constexpr,
-    EXP2: tl.constexpr,
-    LAZY: tl.constexpr,
-):
-    """Fold cache slots start .. start + BLOCK_K - 1 into the softmax state (m_i, l_i [G_PAD]; acc [G_PAD, D],
-    or [D, G_PAD] with SWAP). SKIP_DEAD: the block may lie wholly past this token, and is then not read.
-    LAZY: the sum is rescaled only when a block's max passes the kept one by more than 2^8 (base 2).
-    slots: (the row's first real prompt slot, this token's slot, the prompt's end, the cache's slot stride)."""
-    first, slot, prompt_end, stride_slot = slots
-    ks = start + tl.arange(0, BLOCK_K)  # [BLOCK_K] int32
-    d = tl.arange(0, D)
-    # Real prompt tokens and earlier decodes: the decoder left-pads each prompt, so the slots that count
-    # are one range, computed from the row's position (a validity load here would hold up every block)
-    ok = (ks >= first) & (ks < slot)  # [BLOCK_K]
-    rows = tl.where(ks < prompt_end, shared, own)  # [BLOCK_K]: where each slot is read from
-    at = rows[:, None] + (ks * stride_slot)[:, None] + d[None, :]  # [BLOCK_K, D]
-    if SKIP_DEAD:
-        # A block wholly past this token (the bucket's tail) is not read: its scores are masked anyway, and
-        # the zeros loaded in its place add exactly nothing, so the output bits are those of a full read.
-        live = start <= slot  # scalar: the block holds this token's slot or earlier ones
-        if RAGGED:  # the last block or split runs past the bucket
-            ok = ok & (ks < KV_LEN)
-            live = live & (ks < KV_LEN)[:, None]
-    else:  # the caller's range ends at the token's block, so only a ragged bucket's last slots need a mask
-        live = (ks < KV_LEN)[:, None]  # [BLOCK_K, 1]
-        if RAGGED:
-            ok = ok & (ks < KV_LEN)
-    k = _load_block(k_ptr + at, live, SKIP_DEAD or RAGGED)  # [BLOCK_K, D]
-    # SLOTS: the scores' slot axis, along which m_i and l_i broadcast (also acc's D axis)
-    if SWAP:
-        SLOTS: tl.constexpr = 0
-        s = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # [BLOCK_K, G_PAD] float32
-    else:
-        SLOTS: tl.constexpr = 1
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [G_PAD, BLOCK_K] float32
-    s = tl.where(tl.expand_dims(ok, 1 - SLOTS), s * scale, float("-inf"))
-    m_blk = tl.max(s, axis=SLOTS)  # [G_PAD]
-    if LAZY:
-        # p below is exp2(s - m_i) <= 2^8 while the kept max trails by at most 8: safe in float32 and
-        # bfloat16, and the final division removes the scale whatever max was kept
-        if tl.max(m_blk - m_i, axis=0) > 8.0:
-            m_new = tl.maximum(m_i, m_blk)
-            alpha = _exp(m_i - m_new, EXP2)
-            acc = acc * tl.expand_dims(alpha, SLOTS)
-            l_i = l_i * alpha
-            m_i = m_new
-        p = _exp(s - tl.expand_dims(m_i, SLOTS), EXP2)
-    else:
-        m_new = tl.maximum(m_i, m_blk)
-        alpha = _exp(m_i - m_new, EXP2)
-        p = _exp(s - tl.expand_dims(m_new, SLOTS), EXP2)
-        acc = acc * tl.expand_dims(alpha, SLOTS)
-        l_i = l_i * alpha
-        m_i = m_new
-    v = _load_block(v_ptr + at, live, SKIP_DEAD or RAGGED)  # [BLOCK_K, D]
-    if SWAP:
-        acc += tl.dot(tl.trans(v), p.to(v.dtype), input_precision=PRECISION)  # [D, G_PAD]
-    else:
-        acc += tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # [G_PAD, D]
-    l_i += tl.sum(p, axis=SLOTS)
-    return m_i, l_i, acc
-
-
-@triton.jit
-def _load_block(ptrs, live, MASKED: tl.constexpr):
-    """A block of keys or values; with MASKED, zeros where ``live`` is false."""
-    if MASKED:
-        return tl.load(ptrs, mask=live, other=0.0)
-    return tl.load(ptrs)
 
 
 @triton.jit
