@@ -5,15 +5,12 @@ the token in the bucket's last slot). In the rollout the rows of a prompt read o
 token moves through its 64-slot bucket, and the other kernels of the step run around it, so the fastest
 arm alone need not be the fastest there. An arm is a launch shape and a variant of the loop over cache
 blocks, named as ``k{slots per block}-w{warps}-s{stages}`` followed by any of ``-split{slots}`` (the cache
-split into pieces across programs at every width), ``-swap{heads}`` (the products transposed, the query
-heads padded to that many columns), ``-exp2`` (the softmax in base 2), ``-lazy`` (with exp2: the running
-sum rescaled only when the max grows by more than 2^8), ``-bounded`` (the loop over the row's blocks
-only, a run-time range) and ``-wide`` (64-bit offsets into the cache, as before the 32-bit ones became the
-default where a cache allows them); ``kernels.rotary_attention`` documents each. For each arm this builds a fused
-engine whose attention launches with it, and times the decode steps of ``benchmarks.rollout``'s
-fixed-length call split into its parts. Rounds of all arms are interleaved, so drift in clocks falls on
-every arm. ``benchmarks.kernel_resources`` compiles the same arms for sm_90 on any machine and reports
-their registers, shared memory and loop instructions.
+split into pieces across programs at every width) and ``-wide`` (64-bit offsets into the cache, which the
+default takes only for caches spanning 2^31 elements); ``kernels.rotary_attention`` documents each. For
+each arm this builds a fused engine whose attention launches with it, and times the decode steps of
+``benchmarks.rollout``'s fixed-length call split into its parts. Rounds of all arms are interleaved, so
+drift in clocks falls on every arm. ``benchmarks.kernel_resources`` compiles the same arms for sm_90 on any
+machine and reports their registers, shared memory and loop instructions.
 
     python -m benchmarks.attention_shapes --batch 512 --new-tokens 256 --rounds 2 --json attention-shapes.json
 """
@@ -35,54 +32,36 @@ from grpo_knobs.rollout.hf import HFEngine
 from benchmarks.rollout import fixed_length, question_prompts, split_call, timed_generate
 
 DEFAULT_ARM = "k32-w1-s2"  # kernels.rotary_attention's defaults
-FLAGS = ("exp2", "lazy", "bounded", "wide")
+FLAGS = ("wide",)
 
 
 def parse_arm(name: str) -> dict:
     """An arm's name -> {"name", "kwargs" for kernels.rotary_attention}; SystemExit naming what is wrong."""
     head = re.fullmatch(r"k(\d+)-w(\d+)-s(\d+)((?:-[a-z0-9]+)*)", name)
     if head is None:
-        raise SystemExit(
-            f"an arm is k<slots>-w<warps>-s<stages>[-split<n>][-swap<n>][-exp2][-lazy][-bounded][-wide], got {name!r}"
-        )
+        raise SystemExit(f"an arm is k<slots>-w<warps>-s<stages>[-split<n>][-wide], got {name!r}")
     block_k, warps, stages = map(int, head.groups()[:3])
     kwargs = dict(block_k=block_k, num_warps=warps, num_stages=stages)
     for part in filter(None, head.group(4).split("-")):
         if m := re.fullmatch(r"split(\d+)", part):
             kwargs |= dict(split=True, chunk=int(m.group(1)))
-        elif m := re.fullmatch(r"swap(\d+)", part):
-            kwargs |= dict(swap=True, q_pad=int(m.group(1)))
         elif part in FLAGS:
             kwargs[part] = True
         else:
-            raise SystemExit(f"arm {name!r}: unknown part {part!r} (split<n>, swap<n>, exp2, lazy, bounded, wide)")
-    if kwargs.get("lazy") and not kwargs.get("exp2"):
-        raise SystemExit(f"arm {name!r}: lazy rescaling runs in base 2, so it needs exp2 too ({name}-exp2 ...)")
+            raise SystemExit(f"arm {name!r}: unknown part {part!r} (split<n>, wide)")
     return {"name": name, "kwargs": kwargs}
 
 
 def parse_arms(text: str) -> list[dict]:
-    """'k16-w1-s4,k32-w1-s2-exp2' -> their arms, the default first (added if missing)."""
+    """'k16-w1-s4,k32-w1-s2-wide' -> their arms, the default first (added if missing)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     return [parse_arm(n) for n in ([] if DEFAULT_ARM in names else [DEFAULT_ARM]) + names]
 
 
-# The default, the kernel as it was before its offsets went 32-bit, then the block loop's variants (the
-# launch shapes alone were swept in earlier calls: benchmarks/results/generation-h200/call-12/)
-ARMS = parse_arms(
-    ",".join(
-        [
-            "k32-w1-s2-wide",
-            "k32-w1-s2-exp2",
-            "k32-w1-s2-exp2-lazy",
-            "k32-w1-s2-bounded",
-            "k32-w1-s2-exp2-lazy-bounded",
-            "k16-w1-s4-exp2-lazy-bounded",
-            "k32-w1-s3-swap8",
-            "k32-w1-s3-swap8-exp2-lazy-bounded",
-        ]
-    )
-)
+# The default, its 64-bit offsets, and the runner-up launch shape (the launch shapes alone were swept in
+# earlier calls, benchmarks/results/generation-h200/call-12/; variants of the block loop in call-14/)
+ARMS = parse_arms("k32-w1-s2-wide,k16-w1-s4")
+
 
 _ORIGINAL = kernels.rotary_attention
 

@@ -12,19 +12,18 @@ memory.
 
 An SM holds 65,536 registers (allocated per warp in units of 256), 228 KiB of shared memory (1 KiB of it
 reserved per program), 32 programs and 64 warps; the program count is the least those allow. The loop is
-the span from the block loop's label to its backward branch; the instructions a predicated branch inside it
-can skip (lazy rescaling's body, run when a block's max grows by more than 2^8) are counted apart, and the
-figure per cache slot leaves them out.
+the span from the block loop's label to its backward branch.
 
 A kernel's instructions in a decode call follow from where its loop runs: ``--new-tokens`` also walks the
 rollout benchmark's fixed-length call (its prompts over ``--batch`` rows, left-padded to the longest, the
-decoder's 64-slot cache buckets) and counts the blocks each (row, KV head) program passes over at every step:
-the whole bucket, or with ``bounded`` only the blocks from the row's first real prompt slot to the token's.
-Those passes times the loop's instructions (without the skippable ones), plus the instructions outside the
-loop once a program, estimate the instructions attention issues a step; an estimate of issue work, not of
-time, which the GPU measures (``benchmarks.attention_shapes``).
+decoder's 64-slot cache buckets) and counts the blocks each (row, KV head) program passes over at every step,
+from the block of the row's first real prompt slot to the token's. Those passes times the loop's
+instructions, plus the instructions outside the loop once a program, estimate the instructions attention
+issues a step: an estimate of issue work, not of time, which the GPU measures
+(``benchmarks.attention_shapes``). On an H200 the two parted: block-loop variants with up to 36% fewer
+instructions took 0.5-1.7% off the decode step (``docs/performance.md``).
 
-    python -m benchmarks.kernel_resources --arms k32-w1-s2,k32-w1-s2-exp2-lazy-bounded --json resources.json
+    python -m benchmarks.kernel_resources --arms k32-w1-s2,k16-w1-s4 --json resources.json
 """
 
 from __future__ import annotations
@@ -147,23 +146,19 @@ def opcode(instruction: str) -> str:
     return re.sub(r"^@!?U?P\w+\s+", "", instruction).split()[0].split(".")[0]
 
 
-def block_loop(lines: list[str]) -> tuple[list[str], int]:
-    """The loop that holds the most tensor-core products (label to backward branch): its instructions, and how
-    many of them a predicated forward branch inside it can skip (lazy rescaling's body)."""
+def block_loop(lines: list[str]) -> list[str]:
+    """The instructions of the loop that holds the most tensor-core products (label to backward branch)."""
     body, label_at, branches = [], {}, []  # instructions; label -> index of the next one; (index, target)
     for line in lines:
         if line.startswith(".L_x_"):
             label_at[line] = len(body)
             continue
         if target := re.search(r"BRA\s+`?\(?(\.L_x_\d+)", line):
-            branches.append((len(body), target.group(1), line.startswith("@")))
+            branches.append((len(body), target.group(1)))
         body.append(line)
-    loops = [(label_at[t], b + 1) for b, t, _ in branches if label_at.get(t, len(body)) <= b]
+    loops = [(label_at[t], b + 1) for b, t in branches if label_at.get(t, len(body)) <= b]
     start, end = max(loops or [(0, 0)], key=lambda span: sum(opcode(i) == "HMMA" for i in body[span[0] : span[1]]))
-    skippable = sum(
-        label_at[t] - b - 1 for b, t, conditional in branches if conditional and start <= b < label_at.get(t, 0) < end
-    )
-    return body[start:end], skippable
+    return body[start:end]
 
 
 def programs_per_sm(registers: int, shared: int, warps: int) -> int:
@@ -179,7 +174,7 @@ def programs_per_sm(registers: int, shared: int, warps: int) -> int:
 def report(arm: dict, compiled) -> dict:
     """One arm's figures; ``loop_per_slot`` divides the loop by the cache slots one pass folds in."""
     registers, lines = sass_of(compiled.asm["cubin"])
-    loop, skippable = block_loop(lines)
+    loop = block_loop(lines)
     warps = compiled.metadata.num_warps
     shared = compiled.metadata.shared
     counts = {g: sum(opcode(i) in ops for i in loop) for g, ops in GROUPS.items()}
@@ -191,13 +186,12 @@ def report(arm: dict, compiled) -> dict:
         "programs_per_sm": programs_per_sm(registers, shared, warps),
         "instructions": sum(not line.startswith(".L_x_") for line in lines),
         "loop_instructions": len(loop),
-        "loop_skippable": skippable,
-        "loop_per_slot": (len(loop) - skippable) / arm["kwargs"]["block_k"],
+        "loop_per_slot": len(loop) / arm["kwargs"]["block_k"],
         "loop_counts": counts,
     }
 
 
-def block_passes(lengths: list[int], new_tokens: int, block_k: int, bounded: bool, piece: int | None) -> tuple:
+def block_passes(lengths: list[int], new_tokens: int, block_k: int, piece: int | None) -> tuple:
     """(block passes, programs) of one KV head's launches over a fixed-length call of prompts with these token
     counts, one row each: at decode step t the token sits in slot P + t of a bucket of round_up(P + t + 1, 64)
     slots (P the longest prompt), a row's real prompt starts at slot P - length, and with ``piece`` the bucket is
@@ -209,10 +203,7 @@ def block_passes(lengths: list[int], new_tokens: int, block_k: int, bounded: boo
         size = min(-(-piece // block_k) * block_k, whole) if piece else whole
         splits = -(-kv_len // size)
         programs += len(lengths) * splits
-        if bounded:  # the pieces partition the row's blocks
-            passes += sum((P + t) // block_k - (P - n) // block_k + 1 for n in lengths)
-        else:
-            passes += len(lengths) * splits * (size // block_k)
+        passes += sum((P + t) // block_k - (P - n) // block_k + 1 for n in lengths)  # the pieces partition them
     return passes, programs
 
 
@@ -230,11 +221,10 @@ def walk_estimate(rows: list[dict], arms: list[dict], folder, config, args) -> N
     for row, arm in zip(rows, arms):
         kw = arm["kwargs"]
         piece = (kw.get("chunk") or K.SPLIT_CHUNK) if split_on_h200(kw, args.batch, n_kv) else None
-        passes, programs = block_passes(lengths, args.new_tokens, kw["block_k"], kw.get("bounded", False), piece)
-        common = row["loop_instructions"] - row["loop_skippable"]
-        outside = row["instructions"] - row["loop_instructions"]
+        passes, programs = block_passes(lengths, args.new_tokens, kw["block_k"], piece)
+        outside, loop = row["instructions"] - row["loop_instructions"], row["loop_instructions"]
         row["passes_per_program_step"] = passes / programs
-        row["instructions_per_launch"] = n_kv * (programs * outside + passes * common) * row["warps"] / steps
+        row["instructions_per_launch"] = n_kv * (programs * outside + passes * loop) * row["warps"] / steps
     for row in rows:
         row["instructions_over_default"] = row["instructions_per_launch"] / rows[0]["instructions_per_launch"]
         print(
@@ -265,13 +255,12 @@ def main(argv=None) -> list[dict]:
     base = rows[0]
     print(
         f"decode attention for sm_90 at {args.model}'s shapes, {args.batch} rows, a {args.kv_len}-slot bucket; "
-        f"outside: instructions outside the block loop; loop: in one pass of it (skippable: behind a branch "
-        f"inside it); '/ default': "
-        f"per cache slot without those, over {base['arm']}'s"
+        f"outside: instructions outside the block loop; loop: in one pass of it; '/ default': per cache slot, "
+        f"over {base['arm']}'s"
     )
     groups = list(GROUPS)
-    columns = ("regs", "shared", "per SM", "outside", "loop", "skippable", "per slot", "/ default")
-    widths = (5, 7, 7, 7, 5, 9, 8, 9)
+    columns = ("regs", "shared", "per SM", "outside", "loop", "per slot", "/ default")
+    widths = (5, 7, 7, 7, 5, 8, 9)
     head = "".join(f" {c:>{w}}" for c, w in zip(columns, widths))
     print(f"{'arm':<36}" + head + "".join(f" {g:>12}" for g in groups))
     for row in rows:
@@ -282,7 +271,6 @@ def main(argv=None) -> list[dict]:
             row["programs_per_sm"],
             row["instructions"] - row["loop_instructions"],
             row["loop_instructions"],
-            row["loop_skippable"],
             f"{row['loop_per_slot']:.1f}",
             f"{row['per_slot_over_default']:.3f}",
         )

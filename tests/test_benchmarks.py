@@ -594,27 +594,20 @@ def test_attention_shapes_cpu(tmp_path):
         "class Spy:\n"
         "    def __getitem__(self, grid):\n"
         "        def run(*args, **kw):\n"
-        "            seen.append((kw['BLOCK_K'], kw['num_stages'], grid[2] > 1, kw['G_PAD'],\n"
-        "                         kw['SWAP'], kw['EXP2'], kw['LAZY'], kw['BOUNDED']))\n"
+        "            seen.append((kw['BLOCK_K'], kw['num_stages'], grid[2] > 1, kw['WIDE']))\n"
         "            return launch[grid](*args, **kw)\n"
         "        return run\n"
         "kernels._rotary_attention_kernel = Spy()\n"
         "a.main(sys.argv[1:]); print('SEEN', sorted(set(seen)))\n"
     )
-    arms = "k16-w1-s2-split16,k16-w1-s3-swap4-exp2-lazy-bounded"
+    arms = "k16-w1-s2-split16,k16-w1-s3-wide"
     proc = interpreted(["-c", code, *args, "--arms", arms, "--json", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())
     assert [r["arm"] for r in rows] == ["k32-w1-s2", *arms.split(",")]
     assert rows[0]["over_default"] == 1.0 and all(r["decode_ms_per_step"] > 0 for r in rows)
-    # (slots per block, stages, split, query-head tile, swap, exp2, lazy, bounded); tiny-random has 2 heads a group
-    assert proc.stdout.split("SEEN ")[1].strip() == str(
-        [
-            (16, 2, True, 16, False, False, False, False),
-            (16, 3, False, 4, True, True, True, True),
-            (32, 2, False, 16, False, False, False, False),
-        ]
-    )
+    seen = [(16, 2, True, False), (16, 3, False, True), (32, 2, False, False)]  # (block, stages, split, 64-bit)
+    assert proc.stdout.split("SEEN ")[1].strip() == str(seen)
 
 
 @pytest.mark.parametrize(
@@ -622,7 +615,7 @@ def test_attention_shapes_cpu(tmp_path):
     [
         ("k32-w1", "k<slots>-w<warps>-s<stages>"),
         ("k32-w1-s2-fast", "unknown part 'fast'"),
-        ("k32-w1-s2-lazy", "needs exp2 too"),
+        ("k32-w1-s2-exp2", "unknown part 'exp2'"),
     ],
 )
 def test_attention_arm_names_fail_with_what_is_wrong(name, message):
@@ -636,7 +629,7 @@ def test_kernel_resources_reads_the_sm90_build():
     """Decode attention compiled for sm_90 at SmolLM2-135M's shapes, on a machine without a GPU: a 32-slot block
     is 32 tensor-core products in the loop (16 x 32 scores over D = 64, then 16 x 64 sums over 32 slots, at
     16 x 8 x 16 each), a 16-slot block 16, and the programs an SM holds follow from registers and shared memory."""
-    arms = ["--arms", "k16-w1-s4-exp2-lazy-bounded"]
+    arms = ["--arms", "k16-w1-s4"]
     proc = run_in_root(["-m", "benchmarks.kernel_resources", *arms], TRITON_INTERPRET="0")  # the real compiler
     assert proc.returncode == 0, proc.stderr[-3000:]
     from benchmarks.kernel_resources import programs_per_sm
@@ -644,9 +637,9 @@ def test_kernel_resources_reads_the_sm90_build():
     rows = {}
     for line in proc.stdout.splitlines()[2:4]:
         name, regs, shared, per_sm, _, loop, *_ = line.split()
-        rows[name] = (int(regs), int(shared), int(per_sm), int(loop), int(line.split()[9]))
-    assert list(rows) == ["k32-w1-s2", "k16-w1-s4-exp2-lazy-bounded"]
-    assert rows["k32-w1-s2"][4] == 32 and rows["k16-w1-s4-exp2-lazy-bounded"][4] == 16
+        rows[name] = (int(regs), int(shared), int(per_sm), int(loop), int(line.split()[8]))
+    assert list(rows) == ["k32-w1-s2", "k16-w1-s4"]
+    assert rows["k32-w1-s2"][4] == 32 and rows["k16-w1-s4"][4] == 16
     for regs, shared, per_sm, loop, _ in rows.values():
         assert 0 < regs <= 255 and shared > 0 and loop > 0
         assert per_sm == programs_per_sm(regs, shared, 1)

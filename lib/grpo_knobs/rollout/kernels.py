@@ -418,10 +418,6 @@ def _rotary_attention_kernel(
     PRECISION: tl.constexpr,
     SHARED: tl.constexpr,
     WIDE: tl.constexpr,
-    SWAP: tl.constexpr,
-    EXP2: tl.constexpr,
-    LAZY: tl.constexpr,
-    BOUNDED: tl.constexpr,
 ):
     # Program (b, j, c): row b's KV head j and the G query heads it serves, over cache slots
     # c * CHUNK .. (c + 1) * CHUNK - 1. It rotates them at the row's position, writes this token's key and
@@ -473,88 +469,44 @@ def _rotary_attention_kernel(
         if not WIDE:
             holder = holder.to(tl.int32)
         shared = holder * stride_row + j * stride_head
-    # With EXP2 the softmax runs in base 2: one multiply by scale * log2(e) per score, then exp2, where the
-    # natural base multiplies by the scale and again inside each exponential.
-    if EXP2:
-        scale = scale * 1.4426950408889634
-    m_i = tl.full([G_PAD], -1.0e30, tl.float32)  # running max (finite: a fully masked block stays harmless)
+    m_i = tl.full([G_PAD], -1.0e30, tl.float32)  # running max (finite: a piece with no slots stays harmless)
     l_i = tl.zeros([G_PAD], tl.float32)  # running softmax denominator
-    if SWAP:  # the products transposed: [slots, heads] scores and a [D, heads] sum (see rotary_attention)
-        acc = tl.zeros([D, G_PAD], tl.float32)
-    else:
-        acc = tl.zeros([G_PAD, D], tl.float32)
-    if BOUNDED:
-        # Only the blocks from the one holding the row's first real prompt slot to the one holding this token
-        # (a run-time range; the interpreter walks it through kernels._interpreter_loop_bounds)
-        lo = tl.maximum(c * CHUNK, (first // BLOCK_K) * BLOCK_K)
-        hi = tl.minimum(c * CHUNK + CHUNK, slot + 1)
-    else:  # the whole piece, a compile-time range, blocks past the token masked
-        lo = 0
-        hi = CHUNK
-    # SLOTS: the scores' slot axis, along which m_i and l_i broadcast (also acc's D axis)
-    SLOTS: tl.constexpr = 0 if SWAP else 1
+    acc = tl.zeros([G_PAD, D], tl.float32)
+    # Only the blocks from the one holding the row's first real prompt slot to the one holding this token, a
+    # run-time range (the interpreter walks it through _interpreter_loop_bounds): the left padding's blocks
+    # and the bucket's tail would add exactly nothing, so the output bits are a whole piece's.
+    lo = tl.maximum(c * CHUNK, (first // BLOCK_K) * BLOCK_K)
+    hi = tl.minimum(c * CHUNK + CHUNK, slot + 1)
     for start in range(lo, hi, BLOCK_K):
         # (the body is written out here, not in a helper: Triton's interpreter re-patches the language at
         # every call of a helper, a tenth of a fused CPU test's time at a few calls a block)
-        if BOUNDED:
-            ks = start + tl.arange(0, BLOCK_K)  # [BLOCK_K] int32
-        else:
-            ks = c * CHUNK + start + tl.arange(0, BLOCK_K)
+        ks = start + tl.arange(0, BLOCK_K)  # [BLOCK_K] int32
         # Real prompt tokens and earlier decodes: the decoder left-pads each prompt, so the slots that count
         # are one range, computed from the row's position (a validity load here would hold up every block)
         ok = (ks >= first) & (ks < slot)  # [BLOCK_K]
         rows = tl.where(ks < prompt_end, shared, own)  # [BLOCK_K]: where each slot is read from
         at = rows[:, None] + (ks * stride_slot)[:, None] + d[None, :]  # [BLOCK_K, D]
-        live = None  # the bounded range ends at the token's block: only a ragged bucket masks its loads
+        live = None  # the range ends at the token's block: only a ragged bucket masks its loads
         other = None
-        if not BOUNDED:
-            # A block wholly past this token (the bucket's tail) is not read: its scores are masked anyway,
-            # and the zeros loaded in its place add exactly nothing, so the output bits are a full read's.
-            live = (c * CHUNK + start) <= slot  # scalar: the block holds this token's slot or earlier ones
-            other = 0.0
         if RAGGED:  # the last block or split runs past the bucket
             ok = ok & (ks < KV_LEN)
-            live = (ks < KV_LEN)[:, None] if BOUNDED else live & (ks < KV_LEN)[:, None]
+            live = (ks < KV_LEN)[:, None]
             other = 0.0
         k = tl.load(k_ptr + at, mask=live, other=other)  # [BLOCK_K, D]
-        if SWAP:
-            s = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # [BLOCK_K, G_PAD] float32
-        else:
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [G_PAD, BLOCK_K] float32
-        s = tl.where(tl.expand_dims(ok, 1 - SLOTS), s * scale, float("-inf"))
-        m_blk = tl.max(s, axis=SLOTS)  # [G_PAD]
-        if LAZY:
-            # p below is exp2(s - m_i) <= 2^8 while the kept max trails by at most 8: safe in float32 and
-            # bfloat16, and the final division removes the scale whatever max was kept
-            if tl.max(m_blk - m_i, axis=0) > 8.0:
-                m_new = tl.maximum(m_i, m_blk)
-                alpha = tl.math.exp2(m_i - m_new)
-                acc = acc * tl.expand_dims(alpha, SLOTS)
-                l_i = l_i * alpha
-                m_i = m_new
-            p = tl.math.exp2(s - tl.expand_dims(m_i, SLOTS))
-        else:
-            m_new = tl.maximum(m_i, m_blk)
-            if EXP2:
-                alpha = tl.math.exp2(m_i - m_new)
-                p = tl.math.exp2(s - tl.expand_dims(m_new, SLOTS))
-            else:
-                alpha = tl.exp(m_i - m_new)
-                p = tl.exp(s - tl.expand_dims(m_new, SLOTS))
-            acc = acc * tl.expand_dims(alpha, SLOTS)
-            l_i = l_i * alpha
-            m_i = m_new
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [G_PAD, BLOCK_K] float32
+        s = tl.where(ok[None, :], s * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # [G_PAD]
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])  # [G_PAD, BLOCK_K]
+        acc = acc * alpha[:, None]
+        l_i = l_i * alpha
+        m_i = m_new
         v = tl.load(v_ptr + at, mask=live, other=other)  # [BLOCK_K, D]
-        if SWAP:
-            acc += tl.dot(tl.trans(v), p.to(v.dtype), input_precision=PRECISION)  # [D, G_PAD]
-        else:
-            acc += tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # [G_PAD, D]
-        l_i += tl.sum(p, axis=SLOTS)
-    if SWAP:
-        acc = tl.trans(acc)  # [G_PAD, D]
+        acc += tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # [G_PAD, D]
+        l_i += tl.sum(p, axis=1)
     o_rows = o_ptr + (b * N_Q + j * G + g) * D + d[None, :]  # [G_PAD, D]
     if SPLITS == 1:
-        _attend_self(q, k_new, v_new, m_i, l_i, acc, scale, o_rows, is_q, EXP2)
+        _attend_self(q, k_new, v_new, m_i, l_i, acc, scale, o_rows, is_q)
     else:
         # Publish this split's running max, denominator and sum, then count it in: a block-wide barrier
         # orders all its threads' stores before the count (one thread makes the atomic, acquire-release
@@ -576,31 +528,23 @@ def _rotary_attention_kernel(
                 l_t = tl.sum(tl.load(base + D + 1, mask=is_q, other=0.0, cache_modifier=".cg"), axis=1)
                 acc_t = tl.load(base + d[None, :], mask=is_q, other=0.0, cache_modifier=".cg")  # [G_PAD, D]
                 m_new = tl.maximum(m_i, m_t)
-                a_old, a_t = _exp(m_i - m_new, EXP2), _exp(m_t - m_new, EXP2)
+                a_old, a_t = tl.exp(m_i - m_new), tl.exp(m_t - m_new)
                 acc = acc * a_old[:, None] + acc_t * a_t[:, None]
                 l_i = l_i * a_old + l_t * a_t
                 m_i = m_new
             tl.store(count_ptr + b * N_KV + j, 0)
-            _attend_self(q, k_new, v_new, m_i, l_i, acc, scale, o_rows, is_q, EXP2)
+            _attend_self(q, k_new, v_new, m_i, l_i, acc, scale, o_rows, is_q)
 
 
 @triton.jit
-def _exp(x, EXP2: tl.constexpr):
-    """exp2 of base-2 softmax scores, exp of natural ones."""
-    if EXP2:
-        return tl.math.exp2(x)
-    return tl.exp(x)
-
-
-@triton.jit
-def _attend_self(q, k_new, v_new, m_i, l_i, acc, scale, o_rows, is_q, EXP2: tl.constexpr):
+def _attend_self(q, k_new, v_new, m_i, l_i, acc, scale, o_rows, is_q):
     """Fold this token's own score into the softmax state and store the normalised output."""
     s_self = tl.sum(q.to(tl.float32) * k_new.to(tl.float32), axis=1) * scale  # [G_PAD]
     m_new = tl.maximum(m_i, s_self)
-    alpha = _exp(m_i - m_new, EXP2)
-    p_self = _exp(s_self - m_new, EXP2).to(v_new.dtype).to(tl.float32)  # rounded as the block products' p
+    alpha = tl.exp(m_i - m_new)
+    p_self = tl.exp(s_self - m_new).to(v_new.dtype).to(tl.float32)  # rounded as the block products' p
     acc = acc * alpha[:, None] + p_self[:, None] * v_new.to(tl.float32)[None, :]
-    l_i = l_i * alpha + _exp(s_self - m_new, EXP2)
+    l_i = l_i * alpha + tl.exp(s_self - m_new)
     tl.store(o_rows, (acc / l_i[:, None]).to(o_rows.dtype.element_ty), mask=is_q)
 
 
@@ -623,11 +567,6 @@ def rotary_attention(
     split: bool | None = None,
     chunk: int | None = None,
     share: torch.Tensor | None = None,
-    swap: bool = False,
-    q_pad: int | None = None,
-    exp2: bool = False,
-    lazy: bool = False,
-    bounded: bool = False,
     wide: bool | None = None,
 ) -> torch.Tensor:
     """One decode token's rotary embedding, cache write and grouped-query attention, in one launch.
@@ -637,7 +576,7 @@ def rotary_attention(
     pos0[b] + step and cache slot slot0 + step. k_cache, v_cache: [rows >= B, Hkv, C, D] with a contiguous
     last dimension. Each row's prompt is left-padded into slots <= slot0, so its real tokens are slots
     slot0 - pos0[b] .. slot0; it attends to those and to the decoded slots before this token's, then to itself;
-    blocks of the bucket wholly past this token are not read. out: [B, Hq * D] (heads concatenated, as
+    only the blocks from its first real prompt slot to this token's are read. out: [B, Hq * D] (heads concatenated, as
     o_proj expects). share: [>= B] long or None: row b reads its prompt slots (keys and values; slots <= slot0)
     from row share[b], which holds the same prompt. Scores and softmax in float32;
     q and k rounded to the cache dtype, and probabilities before the value product, as flash attention does;
@@ -649,15 +588,8 @@ def rotary_attention(
     ``counts`` ([>= B * Hkv] int32, zero; left zero after the launch) lets a caller keep that tally in a
     buffer a CUDA graph holds.
 
-    Variants of the loop over cache blocks, off by default (benchmarks/attention_shapes.py times them in the
-    rollout, benchmarks/kernel_resources.py reads their sm_90 build). These three round differently from the
-    default in the last bits: ``swap``, the products transposed (slots x heads), the query heads padded to
-    ``q_pad`` (default 8) on an mma's narrow side instead of 16 rows; ``exp2``, the softmax in base 2, one
-    multiply a score fewer; ``lazy`` (with exp2), the running sum rescaled only when the max grows by more
-    than 2^8. These two give the default's bits: ``bounded``, the loop runs from the block of the row's first
-    real prompt slot to the token's block, a run-time range, instead of over the whole bucket with the
-    blocks past the token masked; ``wide``, 64-bit offsets into the cache (default: only where the cache
-    view spans 2^31 elements or more).
+    Offsets into the cache are int32 where the cache view spans fewer than 2^31 elements; ``wide`` forces
+    int64 (the output bits are the same either way).
     """
     B = qkv.shape[0]
     n_kv, C, D = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
@@ -665,12 +597,11 @@ def rotary_attention(
     G = n_q // n_kv
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
     assert cos.is_contiguous() and sin.is_contiguous() and cos.shape[-1] == D and kv_len <= C
-    assert exp2 or not lazy, "lazy rescaling keeps its 2^8 margin in base 2: pass exp2=True with it"
     # kv_len is a compile-time constant: the decoder uses a few cache-length buckets, each captured in its own
     # graph, so each compiles once (and Triton's on-disk cache keeps it). Launch shape: the fastest of a sweep
     # on an H200 at SmolLM2-135M's shapes (benchmarks/decode_kernels.py, and inside the rollout's steps
     # benchmarks/attention_shapes.py): one warp per 64-wide head and 32-slot blocks, double-buffered.
-    g_pad = max(triton.next_power_of_2(G), q_pad or (8 if swap else 16))
+    g_pad = max(triton.next_power_of_2(G), 16)  # an mma's narrow side
     if split is None:
         split = B * n_kv < 2 * sm_count(qkv.device)
     whole = triton.cdiv(kv_len, block_k) * block_k
@@ -710,10 +641,6 @@ def rotary_attention(
         PRECISION="ieee" if qkv.dtype == torch.float32 else "tf32",
         SHARED=share is not None,
         WIDE=wide if wide is not None else _elements(k_cache) >= 2**31,
-        SWAP=swap,
-        EXP2=exp2,
-        LAZY=lazy,
-        BOUNDED=bounded,
         num_warps=num_warps or max(1, D // 64),
         num_stages=num_stages,
     )
