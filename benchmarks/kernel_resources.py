@@ -6,9 +6,9 @@ a change to the kernel costs in resources and instructions can be read before GP
 (``benchmarks.attention_shapes`` times the same arms inside the rollout's decode steps). The launch goes
 through ``kernels.rotary_attention`` at the decoder's shapes for ``--batch`` rows, so the constexprs are the
 wrapper's own, and pointers and strides carry the 16-byte divisibility the JIT would give them (without it
-no load is vectorised). At SmolLM2-135M's shapes the kernel as Nsight Compute profiled it on an H200 (arm
-``k32-w1-s2-wide``; call-13/ncu/details-after.txt) compiles to its 162 registers and 10,240 bytes of shared
-memory.
+no load is vectorised). At SmolLM2-135M's shapes the kernel as Nsight Compute profiled it on an H200
+(``88524f8``, call-13/ncu/details-after.txt) compiled here to its 162 registers and 10,240 bytes of shared
+memory (arm ``k32-w1-s2-wide`` at ``341394b``, benchmarks/results/kernel-resources-sm90/).
 
 An SM holds 65,536 registers (allocated per warp in units of 256), 228 KiB of shared memory (1 KiB of it
 reserved per program), 32 programs and 64 warps; the program count is the least those allow. The loop is
