@@ -16,7 +16,8 @@ span is GPU time including any gap in which the GPU waited for the host; the hos
 row's), ``eager-prefill`` (the prefill's launches run eagerly on every call instead of replaying a graph), ``block-32``
 (the attended cache length grows in 32-slot buckets instead of 64: less of the cache read past the token, twice
 the captured step shapes), ``own-wide`` (kernels.py's GEMMs, with the norms and residual adds inside, at every
-width instead of cuBLAS's from ``LINEAR_ROWS`` rows up).
+width instead of cuBLAS's from ``LINEAR_ROWS`` rows up), ``outputs-after`` (responses cut and decoded to text after
+the last step, not block by block while the steps after each block run).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ ARMS = {  # decoder variants: StaticDecoder attributes set on an arm's engine
     "eager-prefill": {"graph_prefill": False},
     "block-32": {"block": 32},
     "own-wide": {"linear_rows": 1 << 16},
+    "outputs-after": {"stream_outputs": False},
 }
 
 

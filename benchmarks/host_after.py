@@ -10,7 +10,9 @@ log-probs after it. The previous code (a tensor per prompt row; a Python pass pe
 ``cut_at_stop``, a log-prob slice; ``batch_decode``) is timed against ``prompt_rows``, ``cut_rows`` and
 ``decode_texts``, after checking that the responses' lists and texts are the same. The middle column ("per row")
 is the current code with each text from the Rust decoder, one call per row, as ``decode_texts`` did before it
-read byte-level tokens from its byte table.
+read byte-level tokens from its byte table. Last, the responses are streamed as the decoder now hands them over
+(``ResponseStream``, ``--block`` columns at a time): the work done while later blocks decode, and what is left
+after the last step.
 
     python -m benchmarks.host_after --prompts 64 --group 8 --steps 256 --mean-length 133
 """
@@ -23,11 +25,12 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from grpo_knobs.data import load_split
 from grpo_knobs.evaluation import encode_prompts
 from grpo_knobs.models import load_model
-from grpo_knobs.rollout.base import cut_at_stop, cut_rows, decode_texts, repeat_prompts
+from grpo_knobs.rollout.base import ResponseStream, cut_at_stop, cut_rows, decode_texts, repeat_prompts
 from grpo_knobs.rollout.hf import prompt_rows
 
 
@@ -103,6 +106,25 @@ def rows_decoded(rows, tokens, logprobs, stop_ids, tokenizer, pad: int):
 ARMS = {"before": before, "per row": rows_decoded, "after": after}
 
 
+def streamed(tokens, logprobs, stop_ids, tokenizer, block: int):
+    """The responses as the decoder streams them (``ResponseStream``): ``block`` columns at a time, each while
+    the GPU would run the next block's steps, then the last block and ``finish`` after the last step. Returns
+    (token_ids, finish, log-probs, texts), and seconds: the blocks before the last, the slowest of them, and
+    what is left after the last step."""
+    stream = ResponseStream(tokenizer, tokens.shape[0], stop_ids, logprobs=True)
+    origin = np.arange(tokens.shape[0])  # [R] no rows dropped: each decoder row carries its own response
+    starts = list(range(0, tokens.shape[1], block))
+    spans = []
+    for start in starts[:-1]:
+        t = time.perf_counter()
+        stream.add(tokens[:, start : start + block].numpy(), logprobs[:, start : start + block].numpy(), origin)
+        spans.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    stream.add(tokens[:, starts[-1] :].numpy(), logprobs[:, starts[-1] :].numpy(), origin)
+    out = stream.finish()
+    return out, (sum(spans), max(spans, default=0.0), time.perf_counter() - t)
+
+
 def timed(fn, reps: int, *args) -> dict[str, float]:
     """Median milliseconds over reps calls of each piece, and of the three together."""
     parts = {"prompt rows": [], "cut rows": [], "decode texts": [], "total": []}
@@ -127,6 +149,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--mean-length", type=float, default=133)
     ap.add_argument("--capped", type=float, default=1 / 3, help="fraction of rows that reach the cap")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--block", type=int, default=16, help="columns per streamed block (the decoder's check_every)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -144,7 +167,13 @@ def main(argv=None) -> dict:
         if not all(torch.equal(a, b) for a, b in zip(old_prompts, new_prompts)) or old != new:
             raise SystemExit(f"the host work {name} gives other prompt rows, lists or texts than before")
     lengths = [len(t) for t in new[0]]
+    if streamed(tokens, logprobs, stop_ids, tokenizer, args.block)[0] != tuple(new):
+        raise SystemExit("the streamed responses differ from the lists and texts cut and decoded at the end")
     ms = {name: timed(fn, args.reps, *work) for name, fn in ARMS.items()}
+    spans = [streamed(tokens, logprobs, stop_ids, tokenizer, args.block)[1] for _ in range(args.reps)]
+    ms["streamed"] = {
+        k: statistics.median(s[i] for s in spans) * 1e3 for i, k in enumerate(("blocks", "slowest block", "left"))
+    }
     print(
         f"{args.prompts} prompts x {args.group}, {args.steps} steps, mean length {sum(lengths) / len(lengths):.0f}, "
         f"{new[1].count('length')} at the cap; {info.name}'s tokenizer; median of {args.reps}, ms"
@@ -153,6 +182,12 @@ def main(argv=None) -> dict:
     for part in ms["before"]:
         b, r, a = ms["before"][part], ms["per row"][part], ms["after"][part]
         print(f"{part:<14} {b:8.2f} {r:8.2f} {a:8.2f} {b / a:12.1f}x {r / a:13.1f}x")
+    st, at_end = ms["streamed"], ms["after"]["cut rows"] + ms["after"]["decode texts"]
+    print(
+        f"streamed in {args.block}-column blocks: {st['blocks']:.2f} ms while decoding (slowest block "
+        f"{st['slowest block']:.2f}), {st['left']:.2f} ms left after the last step, against {at_end:.2f} ms of "
+        f"cut rows + decode texts after it ({at_end / st['left']:.1f}x)"
+    )
     result = {
         "settings": vars(args) | {"json": str(args.json)},
         "ms": ms,

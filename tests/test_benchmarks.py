@@ -454,26 +454,31 @@ def test_collection_timeline_times_decoder_variants_in_one_run(tmp_path):
     assert all("step 6: " in r and "; wall " in r for r in ratios)
     bad = _bench("benchmarks.collection_timeline", *args, "--arms", "default,both")
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1] == (
-        "--arms takes distinct names of default, own-reads, eager-prefill, block-32, own-wide, comma-separated, "
-        "got 'default,both'"
+        "--arms takes distinct names of default, own-reads, eager-prefill, block-32, own-wide, outputs-after, "
+        "comma-separated, got 'default,both'"
     )
 
 
 @pytest.mark.parametrize("group", [3, 1], ids=["prompts-repeat", "prompts-distinct"])
 def test_host_after_cpu(tmp_path, group):
-    """The host work before, with texts decoded per row, and now, on the tiny model's tokenizer: the pieces are
-    timed once all three agree, whether prompts repeat (each decoder row points at a distinct prompt row) or
-    not (every decoder row is its own prompt row)."""
+    """The host work before, with texts decoded per row, now, and streamed block by block, on the tiny model's
+    tokenizer: the pieces are timed once all four agree, whether prompts repeat (each decoder row points at a
+    distinct prompt row) or not (every decoder row is its own prompt row)."""
     result = tmp_path / "host.json"
     args = ["--model", "tiny-random", "--prompts", "4", "--group", str(group), "--steps", "16", "--mean-length", "9"]
-    proc = _bench("benchmarks.host_after", *args, "--reps", "2", "--json", str(result))
+    proc = _bench("benchmarks.host_after", *args, "--reps", "2", "--block", "5", "--json", str(result))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     saved = json.loads(result.read_text())
-    assert list(saved["ms"]) == ["before", "per row", "after"]
-    assert all(set(ms) == {"prompt rows", "cut rows", "decode texts", "total"} for ms in saved["ms"].values())
+    assert list(saved["ms"]) == ["before", "per row", "after", "streamed"]
+    parts = {"prompt rows", "cut rows", "decode texts", "total"}
+    assert all(set(saved["ms"][arm]) == parts for arm in ("before", "per row", "after"))
+    streamed = saved["ms"]["streamed"]
+    assert set(streamed) == {"blocks", "slowest block", "left"}
+    assert 0 < streamed["slowest block"] <= streamed["blocks"] and streamed["left"] > 0
     lines = proc.stdout.splitlines()
     assert lines[1].split() == ["part", "before", "per", "row", "after", "before/after", "per", "row/after"]
-    assert lines[-2].split()[0] == "total"
+    assert lines[-3].split()[0] == "total"
+    assert lines[-2].startswith("streamed in 5-column blocks: ") and "ms left after the last step" in lines[-2]
 
 
 def test_init_profile_cpu(tmp_path):

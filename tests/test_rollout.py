@@ -7,7 +7,7 @@ import pytest
 import torch
 from grpo_knobs.models import load_model
 from grpo_knobs.rollout import Generation, cut_at_stop, make_engine
-from grpo_knobs.rollout.base import byte_table, cleans_up_spaces, cut_rows, decode_texts
+from grpo_knobs.rollout.base import ResponseStream, byte_table, cleans_up_spaces, cut_rows, decode_texts
 from grpo_knobs.rollout.hf import HFEngine, left_pad, response_keys, sample_tokens
 from tokenizers import decoders
 
@@ -554,6 +554,52 @@ def test_decode_texts_reads_byte_level_tokens_as_utf8(tiny):
     assert "😀" in want[0] and "\ufffd" in want[2] and "<plain marker>" in want[-1] and want[-2] == ""
 
 
+def test_response_stream_is_cut_rows_and_decode_texts(tiny):
+    """Blocks of output columns added as a decoder writes them (rows moved and dropped between blocks, filler
+    and padding rows, stop tokens in any column, a character's bytes over two blocks, an added token that is
+    not special, an id past the vocabulary) give cut_rows' lists and decode_texts' texts of the whole output."""
+    _, tokenizer = tiny
+    tokenizer = copy.deepcopy(tokenizer)  # a token is added below
+    tokenizer.add_tokens(["<plain marker>"])
+    eos, marker = tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<plain marker>")
+    text = tokenizer("naïve café 😀 中文 and more plain words here", add_special_tokens=False).input_ids
+    emoji = tokenizer("😀", add_special_tokens=False).input_ids
+    R, S, k = 12, 20, 6  # responses, columns, block width
+    g = torch.Generator().manual_seed(0)
+    pool = torch.tensor(text)
+    tokens = pool[torch.randint(0, len(text), (R, S), generator=g)]  # [R, S]
+    tokens[0, :] = eos  # stops at once
+    tokens[1, 5] = eos  # at a block's last column
+    tokens[2, 6] = eos  # at a block's first
+    tokens[3, 17:] = eos  # in the last block
+    tokens[4, 4 : 4 + len(emoji)] = torch.tensor(emoji)  # a character's bytes over two blocks
+    tokens[5, 2] = marker
+    tokens[6, 9] = 10**6
+    tokens[7, 3], tokens[7, 12] = eos, marker  # stops before the marker
+    logprobs = -torch.rand(R, S, generator=g)  # [R, S]
+    stream = ResponseStream(tokenizer, R, {eos}, logprobs=True)
+    # decoder rows: row i carries response origin[i]; a block moves the rows and drops some (filler: -1; R + 1:
+    # a padding row past the responses), as compaction does
+    origin = torch.arange(R + 2)
+    origin[R:] = torch.tensor([-1, R + 1])
+    for start in range(0, S, k):
+        stream.add(
+            tokens[origin.clamp(0, R - 1), start : start + k].numpy(),
+            logprobs[origin.clamp(0, R - 1), start : start + k].numpy(),
+            origin.numpy(),
+        )
+        keep = torch.randperm(len(origin), generator=g)
+        origin = origin[keep]
+        done = [i for i, o in enumerate(origin.tolist()) if 0 <= o < R and (tokens[o, : start + k] == eos).any()]
+        origin[done[:2]] = -1  # stopped rows dropped, their outputs already taken
+    want_ids, want_finish, want_lps = cut_rows(tokens, logprobs, {eos})
+    got_ids, got_finish, got_lps, got_texts = stream.finish()
+    assert got_ids == want_ids and got_finish == want_finish and got_lps == want_lps
+    assert got_texts == decode_texts(tokenizer, want_ids) == tokenizer.batch_decode(want_ids, skip_special_tokens=True)
+    assert "😀" in got_texts[4] and "<plain marker>" in got_texts[5] and "<plain marker>" not in got_texts[7]
+    assert got_finish[:4] == ["stop"] * 4 and [len(t) for t in got_ids[:4]] == [1, 6, 7, 18]
+
+
 def test_byte_table_reads_a_byte_level_decoder_inside_a_sequence(tiny):
     """transformers 5.17 gives SmolLM2's GGUF tokenizer a Sequence decoder (ByteFallback, Fuse, a one-character
     Replace, ByteLevel): it still gets a byte table, tokens those steps would change are left to the decoder, and
@@ -612,6 +658,48 @@ def test_make_engine_names(tiny):
     assert not make_engine("hf", model, tokenizer).fast  # auto: eager on CPU
     with pytest.raises(ValueError, match="hf-eager"):
         make_engine("vllm", model, tokenizer)
+
+
+@pytest.mark.parametrize("fast", [True, FUSED])
+@pytest.mark.parametrize("ignore_eos", [False, True])
+def test_streamed_outputs_are_the_outputs_after_the_steps(tiny, staggered, fast, ignore_eos):
+    """Responses cut and decoded while the decoder runs (rows dropped as they finish, filler rows, two chunks)
+    are those cut and decoded after its last step."""
+    model, tokenizer = tiny
+    prompts, state = staggered
+    engine = compacting_engine(model, tokenizer, fast, state)
+    engine.max_batch_size = 10  # 16 responses: chunks of 10 and 6
+    kw = dict(n=2, max_new_tokens=12, temperature=0, seed=3, ignore_eos=ignore_eos)
+    streamed = engine.generate(prompts, **kw)
+    engine.decoder.stream_outputs = False
+    after = engine.generate(prompts, **kw)
+    assert engine.decoder.compactions > 0 or ignore_eos
+    assert streamed == after
+    assert ("stop" in after.finish_reasons) and ("length" in after.finish_reasons)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="blocks copied behind the steps need a GPU")
+@pytest.mark.parametrize("fast", [True, "fused"])
+def test_streamed_outputs_are_the_outputs_after_the_steps_on_cuda(tiny, staggered, fast):
+    """On the GPU each block goes to pinned host memory behind the steps that wrote it, without a wait: with
+    graphs replayed, rows dropped and a chunk padded to its graph's width, the responses are those cut and
+    decoded after the last step."""
+    model, tokenizer = tiny
+    prompts, state = staggered
+    engine = HFEngine(
+        model, tokenizer, device="cuda", fast=fast, return_logprobs=True, compact=True, max_batch_size=10
+    )
+    engine.decoder.check_every, engine.decoder.min_rows = 2, 1
+    engine.update_weights(state)
+    for ignore_eos in (False, True):
+        kw = dict(n=2, max_new_tokens=12, temperature=0, seed=3, ignore_eos=ignore_eos)  # chunks of 10 and 6 (of 8)
+        engine.decoder.stream_outputs = True
+        engine.generate(prompts, **kw)  # every shape captured
+        streamed = engine.generate(prompts, **kw)
+        engine.decoder.stream_outputs = False
+        assert streamed == engine.generate(prompts, **kw)
+        assert ("stop" in streamed.finish_reasons) and ("length" in streamed.finish_reasons)
+    assert engine.decoder.compactions > 0 and engine.decoder.graphs
 
 
 def test_ignore_eos_runs_every_step(tiny, prompts):

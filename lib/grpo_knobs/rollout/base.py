@@ -12,6 +12,7 @@ import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -72,25 +73,104 @@ def decode_texts(tokenizer, token_ids: list[list[int]]) -> list[str]:
     thread pool, every later fork of the process warns and turns the pool off (unless TOKENIZERS_PARALLELISM
     is set). A byte-level BPE tokenizer's rows are read from its ``byte_table``. token_ids: ids a model
     sampled (none negative)."""
+    if not decodes_directly(tokenizer):
+        return tokenizer.batch_decode(token_ids, skip_special_tokens=True)
+    table = byte_table(tokenizer)
+    if table is None:
+        decode = tokenizer.backend_tokenizer.decode
+        return [decode(ids, skip_special_tokens=True) for ids in token_ids]
+    return [row_text(tokenizer, ids, table_bytes(table, ids)) for ids in token_ids]
+
+
+def decodes_directly(tokenizer) -> bool:
+    """Whether batch_decode's texts are the Rust decoder's, row by row (see ``decode_texts``)."""
     from transformers import PreTrainedTokenizerFast
 
     plain = isinstance(tokenizer, PreTrainedTokenizerFast) and all(
         getattr(type(tokenizer), m) is getattr(PreTrainedTokenizerFast, m)
         for m in ("batch_decode", "decode", "_decode")
     )
-    if not plain or cleans_up_spaces(tokenizer):
-        return tokenizer.batch_decode(token_ids, skip_special_tokens=True)
-    decode = tokenizer.backend_tokenizer.decode
-    table = byte_table(tokenizer)
-    if table is None:
-        return [decode(ids, skip_special_tokens=True) for ids in token_ids]
-    get, texts = table.__getitem__, []
-    for ids in token_ids:
-        try:  # a byte-level BPE's text is its tokens' bytes read as UTF-8, which the Rust decoder also does
-            texts.append(b"".join(map(get, ids)).decode())
-        except (TypeError, IndexError, UnicodeDecodeError):  # an id left to the decoder; bytes that are not UTF-8
-            texts.append(decode(ids, skip_special_tokens=True))
-    return texts
+    return plain and not cleans_up_spaces(tokenizer)
+
+
+def table_bytes(table: list[bytes | None], ids: list[int]) -> bytes | None:
+    """The bytes of ``ids`` from a ``byte_table``; None where one has no entry (left to the decoder)."""
+    try:
+        return b"".join(map(table.__getitem__, ids))
+    except (TypeError, IndexError):  # an added token that is not special; an id past the vocabulary
+        return None
+
+
+def row_text(tokenizer, ids: list[int], raw: bytes | None) -> str:
+    """A byte-level BPE's text of ``ids``: their bytes read as UTF-8, which the Rust decoder also does, or that
+    decoder's own text where the bytes are missing (None) or not UTF-8 (a row cut inside a character)."""
+    if raw is not None:
+        try:
+            return raw.decode()
+        except UnicodeDecodeError:
+            pass
+    return tokenizer.backend_tokenizer.decode(ids, skip_special_tokens=True)
+
+
+class ResponseStream:
+    """The responses of one decoder call, assembled while it decodes: each block of output columns handed to
+    ``add`` is cut at every row's first stop token and appended to that response's token ids, log-probs and
+    text bytes, so the host work a collection ends with is done while the GPU decodes the blocks after it.
+    ``finish`` returns what ``cut_rows`` and then ``decode_texts`` return for the whole output: the same
+    lists, reasons and texts.
+
+    rows: how many responses; stop_ids: the tokens that end one (kept, as ``cut_at_stop`` keeps them);
+    logprobs: whether blocks carry log-probs."""
+
+    def __init__(self, tokenizer, rows: int, stop_ids: set[int], logprobs: bool):
+        self.tokenizer, self.rows = tokenizer, rows
+        self.stop = np.array(sorted(stop_ids), dtype=np.int64)  # [S]
+        self.table = byte_table(tokenizer) if decodes_directly(tokenizer) else None  # None: texts at the end
+        self.token_ids: list[list[int]] = [[] for _ in range(rows)]
+        self.logprobs: list[list[float]] | None = [[] for _ in range(rows)] if logprobs else None
+        self.parts: list[list[bytes] | None] = [[] for _ in range(rows)]  # None: an id with no bytes
+        self.ended = np.zeros(rows, dtype=bool)  # [rows] the stop token has been seen
+
+    def add(self, tokens: np.ndarray, logprobs: np.ndarray | None, origin: np.ndarray) -> None:
+        """The next columns of the output. tokens, logprobs: [W, k], for W decoder rows; origin: [W], the
+        response each row carries (rows with -1, or with an index past ``rows``, carry none and are skipped)."""
+        k = tokens.shape[1]
+        stop = np.isin(tokens, self.stop)  # [W, k]
+        stopped = stop.any(1)  # [W]
+        cut = np.where(stopped, stop.argmax(1) + 1, k)  # [W] columns kept: through the first stop token
+        live = (origin >= 0) & (origin < self.rows)  # [W]
+        live[live] = ~self.ended[origin[live]]  # responses that stopped in an earlier block take nothing more
+        rows = np.flatnonzero(live)  # [L]
+        self.ended[origin[rows]] = stopped[rows]
+        # one conversion to Python per array, then a pass over the live rows: the loop's own overhead is most
+        # of the work, so it does no numpy indexing
+        token_rows = tokens[rows].tolist()  # [L][k]
+        lp_rows = logprobs[rows].tolist() if self.logprobs is not None else [None] * len(rows)
+        get = self.table.__getitem__ if self.table is not None else None
+        for o, n, ids, lps in zip(origin[rows].tolist(), cut[rows].tolist(), token_rows, lp_rows):
+            if n < k:
+                ids = ids[:n]
+            self.token_ids[o] += ids
+            if lps is not None:
+                self.logprobs[o] += lps[:n]
+            parts = self.parts[o]
+            if get is not None and parts is not None:
+                try:
+                    parts.append(b"".join(map(get, ids)))
+                except (TypeError, IndexError):  # an id with no bytes: this row's text is the decoder's
+                    self.parts[o] = None
+
+    def finish(self) -> tuple[list[list[int]], list[str], list[list[float]] | None, list[str]]:
+        """(token_ids, finish reasons, log-probs or None, texts), as ``cut_rows`` and ``decode_texts`` give."""
+        finish = ["stop" if e else "length" for e in self.ended.tolist()]
+        if self.table is None:
+            texts = decode_texts(self.tokenizer, self.token_ids)
+        else:
+            texts = [
+                row_text(self.tokenizer, ids, None if parts is None else b"".join(parts))
+                for ids, parts in zip(self.token_ids, self.parts)
+            ]
+        return self.token_ids, finish, self.logprobs, texts
 
 
 def byte_table(tokenizer) -> list[bytes | None] | None:

@@ -20,7 +20,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from ..runtime import without_deterministic_algorithms
-from .base import Generation, RolloutEngine, cut_rows, decode_texts, repeat_prompts
+from .base import Generation, ResponseStream, RolloutEngine, cut_rows, decode_texts, repeat_prompts
 
 FAST_MODEL_TYPES = ("llama", "qwen2", "qwen3")  # decoder layers the static decoder re-implements around
 
@@ -114,6 +114,53 @@ def _round_up(x: int, m: int) -> int:
 LINEAR_ROWS = 64
 
 
+class _OutputBlocks:
+    """A decoder call's output columns handed to a ``ResponseStream`` block by block as the steps write them.
+    Each block is copied to pinned host memory behind the steps that wrote it, without waiting; the stream
+    takes it at the next block's push, by when the copy has landed, so its Python work runs while the GPU
+    decodes the block after it and only the last block is left for the host once the GPU is done."""
+
+    def __init__(self, stream: ResponseStream, logprobs: bool):
+        self.stream, self.logprobs = stream, logprobs
+        self.start = 0  # first column not yet pushed
+        self.pending = None  # (tokens, log-probs, origin, event) of the block the stream has not taken
+
+    def push(self, out_tok, out_lp, origin, width: int, end: int) -> None:
+        """Columns start..end-1 of decoder rows :width, whose responses are ``origin`` ([width], on the device)."""
+        parts = [out_tok[:width, self.start : end], origin]  # [width, k], [width]
+        if self.logprobs:
+            parts.append(out_lp[:width, self.start : end])  # [width, k]
+        self.start = end
+        if origin.device.type == "cuda":
+            host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in parts]
+            for h, t in zip(host, parts):
+                h.copy_(t.contiguous(), non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        else:  # a CPU decoder moves rows in place at compaction: keep this block's values
+            host, event = [t.clone() for t in parts], None
+        taken, self.pending = self.pending, (host, event)
+        if taken is not None:
+            self._take(*taken)
+
+    def close(self, tokens: torch.Tensor, logprobs: torch.Tensor) -> None:
+        """After the call: the pending block, then the columns after it from the call's CPU outputs ([n_real,
+        steps], rows in response order)."""
+        if self.pending is not None:
+            self._take(*self.pending)
+            self.pending = None
+        if self.start < tokens.shape[1]:
+            rows = np.arange(tokens.shape[0])
+            rest = logprobs[:, self.start :].numpy() if self.logprobs else None
+            self.stream.add(tokens[:, self.start :].numpy(), rest, rows)
+
+    def _take(self, host, event) -> None:
+        if event is not None:
+            event.synchronize()
+        tok, origin = host[0].numpy(), host[1].numpy()
+        self.stream.add(tok, host[2].numpy() if self.logprobs else None, origin)
+
+
 class StaticDecoder:
     """Batched decoding over a preallocated KV cache, using the model's own modules and parameters.
 
@@ -187,6 +234,9 @@ class StaticDecoder:
         self.share_reads = share_reads
         # graph_prefill: replay a prefill shape's CUDA graph from its second call on (off: always eager)
         self.graph_prefill = True
+        # stream_outputs: the engine's responses are cut and decoded to text block by block while later steps
+        # run (run's ``stream``; off: all of it after the last step)
+        self.stream_outputs = True
 
     def _allocate(self, rows: int, cap: int):
         """Grow the cache and step state; graphs captured on the old buffers are dropped with them."""
@@ -446,6 +496,7 @@ class StaticDecoder:
         ignore_eos: bool,
         keys: torch.Tensor | None = None,
         expand: torch.Tensor | None = None,
+        stream: ResponseStream | None = None,
     ):
         """Decode B rows of left-padded prompts (rows past n_real are padding) -> tokens, log-probs.
 
@@ -454,6 +505,7 @@ class StaticDecoder:
         an unkeyed sampler draws from torch's stream seeded by ``seed``.
         expand: [B] int64, each decoder row's prompt as a row of ids/mask: each prompt is prefilled once
         and its cache copied to the rows that carry it.
+        stream: takes the outputs every check_every steps, while the steps after them run (``_OutputBlocks``).
         Returns CPU tensors [n_real, steps]; after a row's stop token its entries are pad and 0.
         """
         U, P = ids.shape
@@ -489,9 +541,14 @@ class StaticDecoder:
         tokens = torch.full((B, max_new_tokens), self.pad_id, dtype=torch.long, device=self.tok.device)  # [B, N]
         logprobs = torch.zeros(B, max_new_tokens, dtype=torch.float32, device=self.tok.device)  # [B, N]
         width, steps = B, max_new_tokens
+        blocks = _OutputBlocks(stream, stream.logprobs is not None) if stream is not None else None
         for t, kv_len in enumerate(kv_lens):
             self._step(width, kv_len, greedy)
-            if ignore_eos or t % self.check_every != self.check_every - 1:
+            if t % self.check_every != self.check_every - 1:
+                continue
+            if blocks is not None:  # columns :t + 2 are written once these steps are done
+                blocks.push(self.out_tok, self.out_lp, origin, width, t + 2)
+            if ignore_eos:
                 continue
             live = ~self.done[:width]  # [width]; one host sync per check_every steps
             n_live = int(live.sum())
@@ -504,7 +561,10 @@ class StaticDecoder:
                 self.compactions += 1
                 width = narrower
         self._store_rows(origin, width, tokens, logprobs, steps)
-        return tokens[:n_real, :steps].cpu(), logprobs[:n_real, :steps].cpu()
+        tokens, logprobs = tokens[:n_real, :steps].cpu(), logprobs[:n_real, :steps].cpu()
+        if blocks is not None:
+            blocks.close(tokens, logprobs)
+        return tokens, logprobs
 
     def _prefill(self, ids, mask, expand, B: int, greedy: bool) -> None:
         """``_prefill_rows``, replayed as a CUDA graph from its shape's second call on. Run eagerly, its
@@ -886,13 +946,16 @@ class HFEngine(RolloutEngine):
         rows, prompt_index = repeat_prompts(prompt_ids, n)
         keyed = self.keyed_sampling or (self.fast and self.decoder.keyed)
         keys = response_keys(seed, len(prompt_ids), n) if keyed else None  # [N]
-        token_ids, finish, logprobs = [], [], [] if self.return_logprobs else None
+        token_ids, finish, texts, logprobs = [], [], [], [] if self.return_logprobs else None
         with _seeded(seed, self.device), without_deterministic_algorithms():
             for c, start in enumerate(range(0, len(rows), self.max_batch_size)):
                 chunk = rows[start : start + self.max_batch_size]
                 chunk_keys = keys[start : start + len(chunk)] if keyed else None
+                stream = None
                 if self.fast:
                     ids, mask, expand = self._prompt_rows(chunk)
+                    if self.decoder.stream_outputs:
+                        stream = ResponseStream(self.tokenizer, len(chunk), self.stop_ids, logprobs is not None)
                     tokens, lps = self.decoder.run(
                         ids,
                         mask,
@@ -903,16 +966,21 @@ class HFEngine(RolloutEngine):
                         ignore_eos,
                         chunk_keys,
                         expand,
+                        stream,
                     )
                 else:
                     torch.manual_seed(seed + 7919 * c)
                     tokens, lps = self._eager_chunk(chunk, max_new_tokens, temperature, ignore_eos, chunk_keys)
-                kept, reasons, kept_lps = cut_rows(tokens, lps if logprobs is not None else None, self.stop_ids)
+                if stream is not None:  # cut and decoded block by block while the decoder ran
+                    kept, reasons, kept_lps, kept_texts = stream.finish()
+                else:
+                    kept, reasons, kept_lps = cut_rows(tokens, lps if logprobs is not None else None, self.stop_ids)
+                    kept_texts = decode_texts(self.tokenizer, kept)
                 token_ids += kept
                 finish += reasons
+                texts += kept_texts
                 if logprobs is not None:
                     logprobs += kept_lps
-        texts = decode_texts(self.tokenizer, token_ids)
         return Generation(
             prompt_index=prompt_index, token_ids=token_ids, texts=texts, finish_reasons=finish, logprobs=logprobs
         )
