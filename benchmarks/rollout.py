@@ -23,7 +23,7 @@ import torch
 from grpo_knobs.models import load_model
 from grpo_knobs.rollout.hf import HFEngine
 
-from benchmarks.timeline import Timeline, instrument
+from benchmarks.timeline import Timeline, garbage_collections, instrument
 
 # Peak HBM bandwidth by GPU name, bytes/s (vendor datasheets). Unknown GPUs are measured.
 BANDWIDTH = {
@@ -123,11 +123,13 @@ def split_call(engine: HFEngine, prompts, device: torch.device, new_tokens: int)
     """Where one fixed-length ``generate`` of a static-decoder path spends its time, in milliseconds: before
     the first decode step (prefill and the first token), the decode steps (and their count), between steps,
     gathering the outputs, and the host work outside the decoder (padding prompts, cutting responses,
-    text). The parts add up to the call's wall time."""
+    text). The parts add up to the call's wall time; Python's garbage collections, wherever they fell, are
+    counted beside them."""
     timeline = Timeline(device)
     restore = instrument(engine.decoder, timeline)
     try:
-        seconds, _ = timed_generate(engine, prompts, device, **fixed_length(new_tokens))
+        with garbage_collections() as gc_seen:
+            seconds, _ = timed_generate(engine, prompts, device, **fixed_length(new_tokens))
     finally:
         restore()  # later timed calls run without the marks
     ms, steps = timeline.by_label()
@@ -140,6 +142,8 @@ def split_call(engine: HFEngine, prompts, device: torch.device, new_tokens: int)
         "after_steps_ms": ms.get("after the steps", 0.0),
         "host_ms": (seconds - timeline.run_seconds) * 1e3,
         "wall_ms": seconds * 1e3,
+        "gc_ms": gc_seen["ms"],  # Python's garbage collections anywhere in the call (part of the parts above)
+        "gc_full": gc_seen["full"],
     }
 
 
@@ -357,7 +361,8 @@ def main(argv=None) -> list[dict]:
                 f"{'':>6} {p}: before the first step {sp['prefill_ms']:.1f} ms, {sp['decode_steps']} steps at "
                 f"{sp['decode_ms_per_step']:.3f} ms ({row[p + '_decode_fraction_of_bound']:.1%} of the bound), "
                 f"between steps {sp['between_steps_ms']:.1f} ms, gathering {sp['after_steps_ms']:.1f} ms, "
-                f"host {sp['host_ms']:.1f} ms; wall {sp['wall_ms']:.1f} ms"
+                f"host {sp['host_ms']:.1f} ms; wall {sp['wall_ms']:.1f} ms, of which garbage collection "
+                f"{sp['gc_ms']:.1f} ms ({sp['gc_full']} full)"
             )
     if "fused" in paths:
         agreement = fused_agreement(model, tokenizer, device, prompt_ids, max(batches), min(64, args.new_tokens))

@@ -5,8 +5,10 @@ in which the GPU waited for the host; on CPU every span is wall time."""
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 
 import torch
 
@@ -80,3 +82,25 @@ def instrument(decoder, timeline: Timeline):
             vars(decoder).pop(name)  # the class's methods show through again
 
     return restore
+
+
+@contextmanager
+def garbage_collections():
+    """Time Python's garbage collections while the block runs: yields a dict whose "ms" (total wall time of the
+    collections) and "full" (how many were of the oldest generation, which walk every tracked object) are
+    filled in as they happen."""
+    seen = {"ms": 0.0, "full": 0}
+    started = []
+
+    def callback(phase: str, info: dict) -> None:
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            seen["ms"] += (time.perf_counter() - started.pop()) * 1e3
+            seen["full"] += info["generation"] == 2
+
+    gc.callbacks.append(callback)
+    try:
+        yield seen
+    finally:
+        gc.callbacks.remove(callback)

@@ -82,6 +82,7 @@ def test_rollout_benchmark_cpu(tmp_path):
             assert abs(parts - split["wall_ms"]) <= 0.02 * split["wall_ms"] + 1.0  # the parts make up the call
             assert 0 < r[f"{path}_decode_fraction_of_bound"]
             assert min(v for k, v in split.items() if k.endswith("_ms")) >= 0
+            assert split["gc_ms"] <= split["wall_ms"] and split["gc_full"] >= 0
     study = json.loads((tmp_path / "rollout-cpu-countdown-2x10.json").read_text())
     assert [r["responses"] for r in study] == [2, 4]  # batch // group prompts x group samples
     for r in study:
@@ -411,6 +412,22 @@ def test_cold_start_cpu(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cold.json", "runs"]  # no log files
     again = _bench("benchmarks.cold_start", "--out", str(out))
     assert again.returncode == 1 and again.stderr.strip() == f"{out} already holds run first; give --out a new folder"
+
+
+def test_garbage_collections_are_timed_while_the_block_runs():
+    """A full collection inside the block is counted and timed; one after it is not, and the callback is gone."""
+    import gc
+
+    from benchmarks.timeline import garbage_collections
+
+    callbacks = list(gc.callbacks)
+    with garbage_collections() as seen:
+        gc.collect()
+        gc.collect(0)
+    assert seen["full"] == 1 and seen["ms"] > 0 and gc.callbacks == callbacks
+    before = dict(seen)
+    gc.collect()
+    assert seen == before
 
 
 def test_collection_timeline_cpu(tmp_path):

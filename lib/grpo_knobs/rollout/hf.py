@@ -120,10 +120,10 @@ class _OutputBlocks:
     takes it at the next block's push, by when the copy has landed, so its Python work runs while the GPU
     decodes the block after it and only the last block is left for the host once the GPU is done."""
 
-    def __init__(self, stream: ResponseStream, logprobs: bool):
-        self.stream, self.logprobs = stream, logprobs
+    def __init__(self, stream: ResponseStream):
+        self.stream, self.logprobs = stream, stream.logprobs is not None
         self.start = 0  # first column not yet pushed
-        self.pending = None  # (tokens, log-probs, origin, event) of the block the stream has not taken
+        self.pending = None  # ([tokens, origin(, log-probs)] on the host, copy event) of the block not yet taken
 
     def push(self, out_tok, out_lp, origin, width: int, end: int) -> None:
         """Columns start..end-1 of decoder rows :width, whose responses are ``origin`` ([width], on the device)."""
@@ -541,7 +541,7 @@ class StaticDecoder:
         tokens = torch.full((B, max_new_tokens), self.pad_id, dtype=torch.long, device=self.tok.device)  # [B, N]
         logprobs = torch.zeros(B, max_new_tokens, dtype=torch.float32, device=self.tok.device)  # [B, N]
         width, steps = B, max_new_tokens
-        blocks = _OutputBlocks(stream, stream.logprobs is not None) if stream is not None else None
+        blocks = _OutputBlocks(stream) if stream is not None else None
         for t, kv_len in enumerate(kv_lens):
             self._step(width, kv_len, greedy)
             if t % self.check_every != self.check_every - 1:
