@@ -4,10 +4,12 @@ Each arm is one `grpo-knobs train` of the recipe (64/8/256/2, LR 2e-5, 256-token
 countdown-2x10) in a fresh process, as a study's worker runs it, with the arm's overrides; with ``--in-process``
 the arms train one after another in this process, as the study's inprocess executor runs them (only the first
 pays the imports in its ``init``); an arm's ``process=here`` or ``process=fresh`` overrides that for the arm, so
-one call can interleave the two on one machine. The table gives each
-phase's seconds per arm and its ratio to the first arm, then what each run learned (so a faster setting
-is seen to learn within the same spread). ``--compare A,B`` runs ``grpo-knobs compare-runs`` on two
-arms; ``--archive`` adds each run's records (not its checkpoint) to a tar file as soon as it finishes.
+one call can interleave the two on one machine. An arm in this process can set ``gc=freeze`` (the objects alive
+before its run left out of the garbage collector's walks). The table gives each phase's seconds per arm and its
+ratio to the first arm, then what each run learned (so a faster setting is seen to learn within the same
+spread) and, for runs in this process, the time their garbage collections took. ``--compare A,B`` runs
+``grpo-knobs compare-runs`` on two arms; ``--archive`` adds each run's records (not its checkpoint) to a tar
+file as soon as it finishes.
 An arm can run another code revision (benchmarks/revisions.py): ``code=DIR``, a folder holding that
 revision's ``lib/``, or ``rev=GITREV``, exported from this checkout's git with ``git archive`` under
 ``--out``; each run's recorded source hash is checked against the library the arm was given.
@@ -16,6 +18,8 @@ revision's ``lib/``, or ``rev=GITREV``, exported from this checkout's git with `
         --arm default-s1:seed=1 --compare det-s1,default-s1
     python -m benchmarks.recipe --out runs/before-after --arm before:rev=main,seed=1 --arm after:seed=1
     python -m benchmarks.recipe --out runs/where --arm fresh-s2:process=fresh,seed=2 --arm here-s2:process=here,seed=2
+    python -m benchmarks.recipe --out runs/gc --in-process --arm warm:seed=1 --arm on-s2:seed=2 \\
+        --arm freeze-s2:gc=freeze,seed=2
 """
 
 from __future__ import annotations
@@ -53,16 +57,29 @@ RECORDS = (
 )
 
 
-def run_arm(name: str, overrides: dict[str, str], out: Path, base: dict, code: Code, in_process: bool = False) -> dict:
+def run_arm(
+    name: str,
+    overrides: dict[str, str],
+    out: Path,
+    base: dict,
+    code: Code,
+    in_process: bool = False,
+    freeze: bool = False,
+) -> dict:
     from grpo_knobs.provenance import source_sha256
 
     params = {k: str(v) for k, v in base.items()} | overrides | {"output_dir": str(out), "run_id": name}
     start = time.perf_counter()
-    returncode = train_here(params, out / f"{name}.log") if in_process else train_process(params, out, name, code)
+    collections = None  # Python's garbage collections during the run: timed in this process only
+    if in_process:
+        returncode, collections = train_here(params, out / f"{name}.log", freeze)
+    else:
+        returncode = train_process(params, out, name, code)
     wall = time.perf_counter() - start
     run = out / name
     row = {"arm": name, "overrides": overrides, "returncode": returncode, "process_seconds": wall}
     row["in_process"] = in_process
+    row["gc"] = None if collections is None else {"freeze": freeze} | collections
     row["code"] = {"label": code.label, "lib": str(code.lib or ""), "commit": code.commit}
     row["code"]["source_sha256"] = source_sha256(code.package_dir())
     if returncode == 0:
@@ -92,20 +109,43 @@ def train_process(params: dict[str, str], out: Path, name: str, code: Code) -> i
         return subprocess.run(train_command(params), stdout=log, stderr=subprocess.STDOUT, env=code.env()).returncode
 
 
-def train_here(params: dict[str, str], log: Path) -> int:
+def _gc_mode(name: str, settings: dict[str, str], in_process: bool) -> bool:
+    """Take ``gc`` (on | freeze) out of an arm's settings: whether the arm's run starts with the objects this
+    process holds moved out of the collector's walk (``gc.freeze``), which only an arm in this process can."""
+    mode = settings.pop("gc", "on")
+    if mode not in ("on", "freeze"):
+        raise SystemExit(f"--arm {name}: gc={mode}: give gc=on (the default) or gc=freeze")
+    if mode == "freeze" and not in_process:
+        raise SystemExit(f"--arm {name}: gc=freeze acts on this process; give it with process=here")
+    return mode == "freeze"
+
+
+def train_here(params: dict[str, str], log: Path, freeze: bool = False) -> tuple[int, dict]:
     """The run in this process, as a study's inprocess executor trains its runs one after another: only the
-    first run in the process pays the imports. 0, or 1 with the traceback in ``log``."""
+    first run in the process pays the imports. (0, or 1 with the traceback in ``log``; Python's garbage
+    collections during the run: milliseconds and full ones). ``freeze``: every object alive before the run is
+    left out of the collector's walks during it (``gc.freeze`` after a collection; undone after the run)."""
+    import gc
     import traceback
 
     from grpo_knobs.config import RunConfig
     from grpo_knobs.trainer import train
 
+    from benchmarks.timeline import garbage_collections
+
+    if freeze:
+        gc.collect()
+        gc.freeze()
     try:
-        train(RunConfig.from_dict(params), progress=False)  # parses the strings as `-p key=value` does
+        with garbage_collections() as seen:
+            train(RunConfig.from_dict(params), progress=False)  # parses the strings as `-p key=value` does
     except Exception:
         log.write_text(traceback.format_exc())
-        return 1
-    return 0
+        return 1, seen
+    finally:
+        if freeze:
+            gc.unfreeze()
+    return 0, seen
 
 
 def train_command(params: dict[str, str]) -> list[str]:
@@ -180,7 +220,11 @@ def table(rows: list[dict]) -> str:
         lines.append(f"{key:<16}" + "".join(fmt.format(r["learning"][key]).rjust(width + 8) for r in done))
     pace = [r["trainer_ms_per_1k_tokens"] for r in done]
     lines.append(f"{'trainer ms/1k':<16}" + "".join(("-" if v is None else f"{v:.2f}").rjust(width + 8) for v in pace))
+    collected = [r["gc"] for r in done]
+    cells = ["-" if c is None else f"{c['ms'] / 1e3:.2f} ({c['full']})" for c in collected]
+    lines.append(f"{'gc s (full)':<16}" + "".join(cell.rjust(width + 8) for cell in cells))
     lines.append("trainer ms/1k: trainer-phase ms per 1,000 response tokens, collections after the first")
+    lines.append("gc s (full): Python's garbage collections during a run in this process, seconds (full ones)")
     return "\n".join(lines)
 
 
@@ -202,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     base = RECIPE | dict(kv.split("=", 1) for kv in a.base)
     arms = [parse_arm(x) for x in a.arm]
     here = [_in_process(name, overrides, a.in_process) for name, overrides in arms]
+    frozen = [_gc_mode(name, overrides, inside) for (name, overrides), inside in zip(arms, here)]
     a.out.mkdir(parents=True, exist_ok=True)
     codes = [code_for_arm(name, overrides, a.out) for name, overrides in arms]  # every arm checked first
     for (name, _), code, inside in zip(arms, codes, here):
@@ -211,8 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                 "a process of its own (process=fresh)"
             )
     rows = []
-    for (name, overrides), code, inside in zip(arms, codes, here):
-        rows.append(run_arm(name, overrides, a.out, base, code, inside))
+    for (name, overrides), code, inside, freeze in zip(arms, codes, here, frozen):
+        rows.append(run_arm(name, overrides, a.out, base, code, inside, freeze))
         if a.archive:
             archive(a.out / name, a.archive)
         if a.json:

@@ -533,15 +533,21 @@ def test_side_by_side_trains_the_same_runs_one_and_two_at_a_time_cpu(tmp_path):
 
 def test_recipe_in_process_trains_arms_one_after_another_cpu(tmp_path):
     """--in-process: the arms train in the benchmark's own process, as a study's inprocess executor trains its
-    runs, so the first arm's init holds the imports and the second's does not; another revision is refused."""
+    runs, so the first arm's init holds the imports and the second's does not; each run's garbage collections
+    are timed, the second's with the process's objects frozen (gc=freeze, not a run parameter); another
+    revision is refused."""
     args = ["--out", str(tmp_path / "runs"), "--json", str(tmp_path / "r.json"), "--in-process", *run_args("--base")]
-    proc = _bench("benchmarks.recipe", *args, "--arm", "first:seed=1", "--arm", "second:seed=2")
+    proc = _bench("benchmarks.recipe", *args, "--arm", "first:seed=1", "--arm", "second:seed=2,gc=freeze")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     first, second = json.loads((tmp_path / "r.json").read_text())
     assert first["in_process"] and second["in_process"] and "first (this checkout, in this process)" in proc.stdout
     assert second["timings"]["init"] < first["timings"]["init"] / 2  # the imports were paid once
     assert first["trainer_ms_per_1k_tokens"] > 0 and second["trainer_ms_per_1k_tokens"] > 0
     assert "trainer ms/1k" in proc.stdout
+    assert not first["gc"]["freeze"] and second["gc"]["freeze"] and second["overrides"] == {"seed": "2"}
+    assert first["gc"]["ms"] > 0 and first["gc"]["ms"] < 1e3 * first["process_seconds"]
+    gc_line = next(line for line in proc.stdout.splitlines() if line.startswith("gc s (full) "))
+    assert len(gc_line.split()[3:]) == 4  # seconds and (full collections) for each arm
     recorded = json.loads((tmp_path / "runs" / "second" / "config.json").read_text())
     assert recorded["config"]["seed"] == 2 and recorded["config"]["model"] == "tiny-random"
     other = _other_revision(tmp_path)
@@ -572,6 +578,10 @@ def test_recipe_interleaves_fresh_and_in_process_arms_cpu(tmp_path):
     bad = _bench("benchmarks.recipe", *args, "--arm", "x:process=elsewhere")
     assert bad.returncode == 1 and bad.stderr.strip() == (
         "--arm x: process=elsewhere: give process=here (this process) or process=fresh"
+    )
+    bad = _bench("benchmarks.recipe", *args, "--arm", "y:process=fresh,gc=freeze")
+    assert bad.returncode == 1 and bad.stderr.strip() == (
+        "--arm y: gc=freeze acts on this process; give it with process=here"
     )
 
 
