@@ -146,7 +146,6 @@ class ResponseStream:
         # of the work, so it does no numpy indexing
         token_rows = tokens[rows].tolist()  # [L][k]
         lp_rows = logprobs[rows].tolist() if self.logprobs is not None else [None] * len(rows)
-        get = self.table.__getitem__ if self.table is not None else None
         for o, n, ids, lps in zip(origin[rows].tolist(), cut[rows].tolist(), token_rows, lp_rows):
             if n < k:
                 ids = ids[:n]
@@ -154,11 +153,12 @@ class ResponseStream:
             if lps is not None:
                 self.logprobs[o] += lps[:n]
             parts = self.parts[o]
-            if get is not None and parts is not None:
-                try:
-                    parts.append(b"".join(map(get, ids)))
-                except (TypeError, IndexError):  # an id with no bytes: this row's text is the decoder's
+            if self.table is not None and parts is not None:
+                raw = table_bytes(self.table, ids)
+                if raw is None:  # an id with no bytes: this row's text is the decoder's
                     self.parts[o] = None
+                else:
+                    parts.append(raw)
 
     def finish(self) -> tuple[list[list[int]], list[str], list[list[float]] | None, list[str]]:
         """(token_ids, finish reasons, log-probs or None, texts), as ``cut_rows`` and ``decode_texts`` give."""
