@@ -209,10 +209,11 @@ WIDE_TILE_SWEEP = [  # from 128 rows: larger tiles, eight warps for a 128-wide s
 
 
 def layer_routes(model, widths: list[int], kv_len: int, time_us, base: dict, tile_sweep: bool) -> list[dict]:
-    """One decode layer's launches by route, at each width, as the decoder runs them: cuBLAS GEMMs between
-    norm and activation kernels with attention whole (8 launches), against kernels.py's GEMMs with the
-    norms and residual add inside and attention split (6 launches); attention whole and split alone; each
-    own GEMM against cuBLAS's alone, and with ``tile_sweep`` over TILE_SWEEP."""
+    """One decode layer's launches by route, at each width, as the decoder runs them: cuBLAS GEMMs on the stream
+    with the norms folded into their weights, attention and the SiLU-gate dividing by the row's rms, attention
+    whole (6 launches), against kernels.py's GEMMs with the norms and residual add inside and attention split
+    (6 launches); attention whole and split alone; each own GEMM against cuBLAS's alone, and with
+    ``tile_sweep`` over TILE_SWEEP."""
     c, dev = model.config, model.device
     dtype = model.get_input_embeddings().weight.dtype
     H, I = c.hidden_size, c.intermediate_size  # noqa: E741 - the paper's names
@@ -225,24 +226,24 @@ def layer_routes(model, widths: list[int], kv_len: int, time_us, base: dict, til
     cos, sin, scale = t(kv_len, D), t(kv_len, D), D**-0.5
     rows, linear = [], torch.nn.functional.linear
     print(f"\none layer at {kv_len} cached slots, us per layer (x{c.num_hidden_layers} layers per step):")
-    print(f"{'width':>6} {'cublas 8':>9} {'own 6':>9} {'own/cublas':>10} {'attn whole':>11} {'attn split':>11}")
+    print(f"{'width':>6} {'cublas 6':>9} {'own 6':>9} {'own/cublas':>10} {'attn whole':>11} {'attn split':>11}")
     for B in widths:
         x, h, qkv, o, gu, act = t(B, H), t(B, H), t(B, wqkv.shape[0]), t(B, n_q * D), t(B, 2 * I), t(B, I)
         kv = t(2, B, n_kv, kv_len, D)
         pos0, step = torch.full((B,), kv_len - 1, device=dev), torch.zeros(1, dtype=torch.long, device=dev)
         slot0, counts = torch.tensor([kv_len - 1], device=dev), torch.zeros(1 << 16, dtype=torch.int32, device=dev)
 
-        def attend(split):
+        def attend(split, **norm):
             K.rotary_attention(
-                qkv, cos, sin, pos0, slot0, step, kv[0], kv[1], kv_len, scale, o, split=split, counts=counts
+                qkv, cos, sin, pos0, slot0, step, kv[0], kv[1], kv_len, scale, o, split=split, counts=counts, **norm
             )
 
         def cublas():
-            q = linear(h, wqkv)
-            attend(False)
-            K.add_rms_norm(x, linear(o, wo), gamma, 1e-5, h)
-            K.silu_mul(linear(h, wgu), act)
-            K.add_rms_norm(x, linear(act, wd), gamma, 1e-5, h)
+            q = linear(x, wqkv)
+            attend(False, stream=x, eps=1e-5)
+            x.addmm_(o, wo.t())
+            K.silu_mul(linear(x, wgu), act, stream=x, eps=1e-5)
+            x.addmm_(act, wd.t())
             return q
 
         def own():

@@ -113,6 +113,30 @@ def test_rotary_attention_writes_its_slot_and_attends_prompt_decodes_and_itself(
 
 
 @pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_rotary_attention_applies_the_rows_norm_then_the_bias(split, bias):
+    """With the residual stream given, qkv is the stream's product with norm-folded weights: the launch is the
+    one on qkv / rms(stream) + bias, row by row (outputs and cache writes alike)."""
+    g = torch.Generator(DEVICE).manual_seed(5)
+    B, n_q, n_kv, D, C, H, P, step = 3, 6, 2, 32, 48, 40, 9, 20
+    qkv = torch.randn(B, (n_q + 2 * n_kv) * D, generator=g)
+    stream = torch.randn(B, H, generator=g) * torch.tensor([[0.1], [1.0], [7.0]])  # rows of unlike scales
+    b = torch.randn(qkv.shape[1], generator=g) if bias else None
+    cos, sin = torch.randn(C, D, generator=g), torch.randn(C, D, generator=g)
+    kv = torch.randn(2, B, n_kv, C, D, generator=g)
+    inv = torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + 1e-5)  # [B, 1]
+    launches = []
+    for given, extra in ((qkv * inv + (b if bias else 0.0), {}), (qkv, dict(stream=stream, eps=1e-5, bias=b))):
+        cache, out = kv.clone(), torch.empty(B, n_q * D)
+        fixed = (cos, sin, torch.tensor([2, 0, 7]), torch.tensor([P - 1]), torch.tensor([step]), cache[0], cache[1])
+        K.rotary_attention(given, *fixed, 48, 0.25, out, block_k=16, split=split, chunk=16, **extra)
+        launches.append((out, cache))
+    (want, want_cache), (got, got_cache) = launches
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_cache, want_cache)
+
+
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_rotary_attention_does_not_read_blocks_past_the_token(split, variant):
     """A 16-slot block wholly past the token (slots 16-31 for the token in slot 14) is not read: NaN there
@@ -227,6 +251,17 @@ def test_silu_mul():
     out = torch.empty(3, 50)
     K.silu_mul(gate_up, out, block=32)  # two blocks per row, the second partly masked
     torch.testing.assert_close(out, torch.nn.functional.silu(gate_up[:, :50]) * gate_up[:, 50:])
+
+
+def test_silu_mul_applies_the_rows_norm():
+    """With the residual stream given, gate and up are first divided by the row's rms (the norm's weight is
+    folded into the gate|up weights)."""
+    g = torch.Generator(DEVICE).manual_seed(6)
+    gate_up, stream = torch.randn(3, 100, generator=g), torch.randn(3, 40, generator=g) * 5.0
+    out = torch.empty(3, 50)
+    K.silu_mul(gate_up, out, block=32, stream=stream, eps=1e-5)
+    scaled = gate_up * torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + 1e-5)  # [3, 100]
+    torch.testing.assert_close(out, torch.nn.functional.silu(scaled[:, :50]) * scaled[:, 50:])
 
 
 def test_sample_greedy_is_argmax_with_log_softmax():

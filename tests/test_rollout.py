@@ -183,9 +183,9 @@ def test_fast_matches_eager(tiny, prompts, fast):
     [pytest.param(0, False, id="cublas-gemms"), pytest.param(1 << 30, False, id="own-gemms"), (1 << 30, True)],
 )
 def test_fused_routes_match_eager(tiny, prompts, monkeypatch, linear_rows, split):
-    """The fused step's projections through cuBLAS between norm kernels, or through kernels.py's GEMMs with
-    the norm or the residual add inside; attention over the whole cache per program, or split into 16-slot
-    pieces combined by the last program (the tally left at zero for the next launch)."""
+    """The fused step's projections through cuBLAS on the stream (the norms folded in), or through kernels.py's
+    GEMMs with the norm or the residual add inside; attention over the whole cache per program, or split into
+    16-slot pieces combined by the last program (the tally left at zero for the next launch)."""
     if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the CPU model's fused path needs Triton's interpreter")
     from grpo_knobs.rollout import kernels
@@ -206,6 +206,40 @@ def test_fused_routes_match_eager(tiny, prompts, monkeypatch, linear_rows, split
     for a, b in zip(fused.logprobs, eager.logprobs):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-4, rtol=1e-4)
     assert not engine.decoder.counts.any()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_folded_norms_match_eager(tiny, prompts, arch):
+    """A wide fused step multiplies the residual stream itself by weights with the norms' weights folded in,
+    and attention and the SiLU-gate divide by each row's rms; with norm weights far from one, and qwen2's
+    q|k|v biases added after that division, greedy tokens and log-probs stay the eager path's."""
+    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the CPU model's fused path needs Triton's interpreter")
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    base, tokenizer = tiny
+    model = copy.deepcopy(base)
+    if arch == "qwen2":
+        cfg = Qwen2Config(**{k: v for k, v in base.config.to_dict().items() if k != "model_type"})
+        torch.manual_seed(1)
+        model = Qwen2ForCausalLM(cfg).eval()
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("_proj.bias"):
+                p.copy_(
+                    torch.rand(p.shape, generator=g) * 2.5 + 0.25
+                    if "norm" in name
+                    else torch.randn(p.shape, generator=g)
+                )
+    kw = dict(n=2, max_new_tokens=12, temperature=0, seed=0)
+    eager = HFEngine(model, tokenizer, fast=False, return_logprobs=True, max_batch_size=8).generate(prompts, **kw)
+    engine = HFEngine(model, tokenizer, fast="fused", return_logprobs=True, max_batch_size=8, compact=False)
+    engine.decoder.linear_rows = 0  # every width through the folded cuBLAS layer
+    fused = engine.generate(prompts, **kw)
+    assert fused.token_ids == eager.token_ids
+    for a, b in zip(fused.logprobs, eager.logprobs):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-4, rtol=1e-4)
 
 
 def test_fast_samples_match_eager_on_cpu(tiny, prompts):

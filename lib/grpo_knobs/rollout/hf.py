@@ -359,49 +359,61 @@ class StaticDecoder:
     def _forward_fused(self, B: int, kv_len: int):
         """One decode token for rows :B through the fused kernels (kernels.py); returns [B, H] after the final norm.
 
-        Up to ``linear_rows`` rows a layer is ``_own_layer``'s six launches, wider ``_cublas_layer``'s eight
-        (benchmarks/decode_kernels.py --widths times both at each width; a down_proj bias adds one to each).
+        Up to ``linear_rows`` rows a layer is ``_own_layer``'s six launches, wider ``_cublas_layer``'s six
+        (benchmarks/decode_kernels.py --widths times both at each width; an o_proj or down_proj bias adds one).
         """
         from .kernels import add_rms_norm, embed_rms_norm
 
         f, E = self.fused, self.weight
         x = E.new_empty(B, E.shape[1])  # [B, H] residual stream, updated in place
-        h = torch.empty_like(x)  # [B, H] normalised input of the next block
+        h = torch.empty_like(x)  # [B, H] the final norm's output
         own = B <= self.linear_rows
-        if not own:
+        if not own:  # the stream starts as the tokens' embedding rows (h is not read before the final norm)
             embed_rms_norm(self.tok, E, f.norms[0], f.eps, x, h)
         for i, layer in enumerate(self.layers):
-            (self._own_layer if own else self._cublas_layer)(i, layer, x, h, kv_len)
-        if own:  # the own layers end adding into the stream, so the final norm runs alone
-            add_rms_norm(x, None, f.norms[-1], f.eps, h)
+            (self._own_layer if own else self._cublas_layer)(i, layer, x, kv_len)
+        add_rms_norm(x, None, f.norms[-1], f.eps, h)  # both layers end adding into the stream
         return h
 
-    def _attend(self, i: int, layer, qkv, kv_len: int):
-        """Layer i's rotary embedding, cache write and attention: qkv [B, (Hq + 2 Hkv) * D] -> [B, Hq * D]."""
+    def _attend(self, i: int, layer, qkv, kv_len: int, **norm):
+        """Layer i's rotary embedding, cache write and attention: qkv [B, (Hq + 2 Hkv) * D] -> [B, Hq * D].
+        ``norm``: rotary_attention's stream, eps and bias, where qkv is the stream's product with folded weights."""
         from .kernels import rotary_attention
 
         o = qkv.new_empty(qkv.shape[0], self.n_heads * self.head_dim)  # [B, Hq * D]
         args = (self.cos, self.sin, self.pos0, self.slot0, self.step, self.kv[i, 0], self.kv[i, 1])
         share = self.share if self.share_reads else None
-        return rotary_attention(qkv, *args, kv_len, layer.self_attn.scaling, o, counts=self.counts, share=share)
+        scaling = layer.self_attn.scaling
+        return rotary_attention(qkv, *args, kv_len, scaling, o, counts=self.counts, share=share, **norm)
 
-    def _cublas_layer(self, i: int, layer, x, h, kv_len: int) -> None:
-        """Eight launches for a wide step: cuBLAS's GEMMs between the norm and activation kernels.
-        h [B, H] holds this layer's normalised input and is left holding the next one's."""
-        from .kernels import add_rms_norm, silu_mul
+    def _cublas_layer(self, i: int, layer, x, kv_len: int) -> None:
+        """Six launches for a wide step, no norm among them: cuBLAS's products read the stream itself (the
+        norms' weights folded into theirs, _FusedWeights), attention and the SiLU-gate divide by each row's
+        rms, and o_proj and down_proj add into the stream as cuBLAS writes them (the sum rounded once)."""
+        from .kernels import silu_mul
 
-        f, linear = self.fused, torch.nn.functional.linear
-        o = self._attend(i, layer, linear(h, f.wqkv[i], f.bqkv[i]), kv_len)  # [B, Hq * D]
-        add_rms_norm(x, layer.self_attn.o_proj(o), f.norms[2 * i + 1], f.eps, h)
-        gate_up = linear(h, f.wgu[i])  # [B, 2I]
-        act = silu_mul(gate_up, x.new_empty(x.shape[0], gate_up.shape[1] // 2))  # [B, I]
-        add_rms_norm(x, layer.mlp.down_proj(act), f.norms[2 * i + 2], f.eps, h)
+        f, attn, mlp, B = self.fused, layer.self_attn, layer.mlp, x.shape[0]
+        linear = torch.nn.functional.linear
+        qkv = linear(x, f.wqkv_folded[i])  # [B, (Hq + 2 Hkv) * D], before the row's 1 / rms and the bias
+        o = self._attend(i, layer, qkv, kv_len, stream=x, eps=f.eps, bias=f.bqkv[i])  # [B, Hq * D]
+        self._add_product(x, o, attn.o_proj)
+        gate_up = linear(x, f.wgu_folded[i])  # [B, 2I], before the row's 1 / rms
+        act = silu_mul(gate_up, x.new_empty(B, gate_up.shape[1] // 2), stream=x, eps=f.eps)  # [B, I]
+        self._add_product(x, act, mlp.down_proj)
 
-    def _own_layer(self, i: int, layer, x, h, kv_len: int) -> None:
+    @staticmethod
+    def _add_product(x, a, proj) -> None:
+        """x += proj(a): one cuBLAS launch that adds as it writes, two with a bias."""
+        if proj.bias is None:
+            x.addmm_(a, proj.weight.t())
+        else:
+            x.add_(proj(a))
+
+    def _own_layer(self, i: int, layer, x, kv_len: int) -> None:
         """Six launches for a narrow step, where kernel latency rather than work sets the time: our GEMMs
         normalise their operand as they read it (q|k|v, gate|up) or add into the stream as they write
         (o_proj), and cuBLAS's down_proj adds into the stream (at K = I it beats ours; its sum is rounded
-        once, where the module rounds the product and then the sum). h is not used."""
+        once, where the module rounds the product and then the sum)."""
         from .kernels import embed_norm_linear, linear_add, norm_linear, silu_mul
 
         f, attn, mlp, B = self.fused, layer.self_attn, layer.mlp, x.shape[0]
@@ -660,10 +672,13 @@ class StaticDecoder:
 
 
 class _FusedWeights:
-    """Concatenated projection weights for the fused decode step: q|k|v and gate|up, one GEMM each.
+    """Concatenated projection weights for the fused decode step: q|k|v and gate|up, one GEMM each, as they
+    are (a narrow step's own GEMMs normalise their operand) and with the preceding norm's weight folded in
+    (a wide step's cuBLAS products read the stream itself).
 
     They are copies, so ``refresh`` must follow every weight update; norms, o_proj and down_proj
-    are read from the model's own parameters.
+    are read from the model's own parameters. Two copies of the q|k|v and gate|up weights: 0.14 GB for
+    SmolLM2-135M in bf16, about 1.7 GB for a 1.5B Qwen2.5.
     """
 
     def __init__(self, model):
@@ -699,6 +714,12 @@ class _FusedWeights:
         self.wqkv = [self._qkv_weight(layer) for layer in layers]  # [(Hq + 2 Hkv) * D, H] each
         self.bqkv = [self._qkv_bias(layer) for layer in layers]  # [(Hq + 2 Hkv) * D] or None
         self.wgu = [self._gate_up_weight(layer) for layer in layers]  # [2I, H] each
+        # The same with the preceding norm's weight folded into each input column: RMSNorm(x) @ W^T is
+        # (x @ (W * w)^T) / rms(x), so a wide step multiplies the stream itself and the consumer of the product
+        # (attention, the SiLU-gate) divides by the row's rms: no norm launch between the layer's products.
+        self.wqkv_folded = [torch.empty_like(w) for w in self.wqkv]  # [(Hq + 2 Hkv) * D, H] each
+        self.wgu_folded = [torch.empty_like(w) for w in self.wgu]  # [2I, H] each
+        self._fold()
 
     @staticmethod
     def _qkv_weight(layer):
@@ -716,12 +737,20 @@ class _FusedWeights:
         return None if all(b is None for b in biases) else torch.cat(biases)
 
     @torch.no_grad()
+    def _fold(self) -> None:
+        """W * w in float32, rounded once to the weights' dtype."""
+        for i in range(len(self.layers)):
+            for folded, w, norm in ((self.wqkv_folded, self.wqkv, 2 * i), (self.wgu_folded, self.wgu, 2 * i + 1)):
+                folded[i].copy_(w[i].float() * self.norms[norm].float()[None, :])
+
+    @torch.no_grad()
     def refresh(self) -> None:
         for i, layer in enumerate(self.layers):
             self.wqkv[i].copy_(self._qkv_weight(layer))
             if self.bqkv[i] is not None:
                 self.bqkv[i].copy_(self._qkv_bias(layer))
             self.wgu[i].copy_(self._gate_up_weight(layer))
+        self._fold()
 
 
 class _LogprobRecorder(LogitsProcessor):

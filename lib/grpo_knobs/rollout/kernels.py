@@ -2,10 +2,11 @@
 
 A decode step of a small model is a few hundred tiny kernels; their count and latency, not the bytes they
 move, set its time, most of all in a collection's tail, where a few long responses keep the step going at
-a narrow width. Per layer, at a wide step:
+a narrow width. Per layer, at a wide step, where cuBLAS's products read the residual stream itself (each
+norm's weight folded into the product's weights) and the next kernel divides by the row's rms:
 
-    add_rms_norm -> qkv GEMM -> rotary_attention (rotary, cache write, attention) -> o GEMM
-    -> add_rms_norm -> gate_up GEMM -> silu_mul -> down GEMM
+    qkv GEMM -> rotary_attention (the row's norm, rotary, cache write, attention) -> o GEMM adding into the
+    stream -> gate_up GEMM -> silu_mul (the row's norm, the gate) -> down GEMM adding into the stream
 
 and at a narrow one, where the own GEMMs below (norm_linear, linear_add) take the norms and residual
 adds inside them and attention is split over the cache:
@@ -13,9 +14,9 @@ adds inside them and attention is split over the cache:
     norm_linear (qkv) -> rotary_attention -> linear_add (o) -> norm_linear (gate_up) -> silu_mul
     -> down GEMM adding into the stream
 
-The step opens with the embedding lookup (inside the first norm or the first norm_linear) and closes with
-the lm_head GEMM and sample_and_record: one pass over the logits split across programs, then a combine
-that also keeps the decoder's books (pad for finished rows, the output column, the stop check).
+The step opens with the embedding lookup (embed_rms_norm, or inside the first norm_linear) and closes with
+the final norm, the lm_head GEMM and sample_and_record: one pass over the logits split across programs, then
+a combine that also keeps the decoder's books (pad for finished rows, the output column, the stop check).
 Rotary cos/sin come from a per-position table built once per cache. Split launches (attention over the
 cache, GEMMs over K) are combined by the last program to finish, in a fixed order, so results do not
 depend on scheduling.
@@ -24,8 +25,10 @@ Every kernel reads its scalars (the step, the slot and position it implies) from
 one CUDA graph replays it. Arithmetic is float32 inside a kernel; values are rounded to the storage
 dtype where the transformers modules round them (the residual stream, the normalised hidden state,
 q and k, the activation, a projection's output before its residual add), so the fused step tracks the
-modules' numerics closely. One exception: at narrow widths down_proj's product is added into the
-stream by cuBLAS's addmm, rounded once (the sum) rather than twice (the product, then the sum).
+modules' numerics closely. Exceptions: a product added into the stream by cuBLAS's addmm (down_proj at
+narrow widths, o_proj and down_proj at wide ones) is rounded once (the sum) rather than twice (the product,
+then the sum); and at wide widths the normalised hidden state is never stored, so it is not rounded (the
+folded weights are, once each).
 
 Without CUDA the kernels run in Triton's interpreter, which is how the CPU tests check them.
 """
@@ -400,7 +403,10 @@ def _rotary_attention_kernel(
     o_ptr,
     part_ptr,
     count_ptr,
+    stream_ptr,
+    bias_ptr,
     scale,
+    eps,
     stride_row,
     stride_head,
     stride_slot,
@@ -418,6 +424,10 @@ def _rotary_attention_kernel(
     PRECISION: tl.constexpr,
     SHARED: tl.constexpr,
     WIDE: tl.constexpr,
+    ROW_NORM: tl.constexpr,
+    HIDDEN: tl.constexpr,
+    HIDDEN_PAD: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
     # Program (b, j, c): row b's KV head j and the G query heads it serves, over cache slots
     # c * CHUNK .. (c + 1) * CHUNK - 1. It rotates them at the row's position, writes this token's key and
@@ -447,11 +457,21 @@ def _rotary_attention_kernel(
     # q of the G query heads and k of head j, rotated and rounded to the storage dtype as stored q and k are
     x = tl.load(src + (j * G + g) * D + d[None, :], mask=is_q, other=0.0).to(tl.float32)  # [G_PAD, D]
     x_p = tl.load(src + (j * G + g) * D + partner[None, :], mask=is_q, other=0.0).to(tl.float32)
-    q = (x * cos + sign * x_p * sin).to(k_ptr.dtype.element_ty)  # [G_PAD, D]
     y = tl.load(src + (N_Q + j) * D + d[None, :]).to(tl.float32)  # [1, D]
     y_p = tl.load(src + (N_Q + j) * D + partner[None, :]).to(tl.float32)
+    v_new = tl.load(src + (N_Q + N_KV + j) * D + d).to(tl.float32)  # [D]
+    if ROW_NORM:  # qkv is x @ (W * norm weight)^T: the input norm's 1 / rms(x) is applied here, per row
+        inv = _inv_rms(stream_ptr + b * HIDDEN, HIDDEN, HIDDEN_PAD, eps)
+        x, x_p, y, y_p, v_new = x * inv, x_p * inv, y * inv, y_p * inv, v_new * inv
+    if HAS_BIAS:  # the projection's bias comes after the row's scale
+        x += tl.load(bias_ptr + (j * G + g) * D + d[None, :], mask=is_q, other=0.0).to(tl.float32)
+        x_p += tl.load(bias_ptr + (j * G + g) * D + partner[None, :], mask=is_q, other=0.0).to(tl.float32)
+        y += tl.load(bias_ptr + (N_Q + j) * D + d[None, :]).to(tl.float32)
+        y_p += tl.load(bias_ptr + (N_Q + j) * D + partner[None, :]).to(tl.float32)
+        v_new += tl.load(bias_ptr + (N_Q + N_KV + j) * D + d).to(tl.float32)
+    q = (x * cos + sign * x_p * sin).to(k_ptr.dtype.element_ty)  # [G_PAD, D]
     k_new = (y * cos + sign * y_p * sin).to(k_ptr.dtype.element_ty)  # [1, D]
-    v_new = tl.load(src + (N_Q + N_KV + j) * D + d).to(v_ptr.dtype.element_ty)  # [D]
+    v_new = v_new.to(v_ptr.dtype.element_ty)  # [D]
     # Offsets into the cache in int32 where it holds fewer than 2^31 elements (WIDE otherwise): every block's
     # addresses, and the choice of row each slot is read from, are per-slot integer work.
     if WIDE:
@@ -537,6 +557,14 @@ def _rotary_attention_kernel(
 
 
 @triton.jit
+def _inv_rms(row_ptr, HIDDEN: tl.constexpr, HIDDEN_PAD: tl.constexpr, eps):
+    """1 / sqrt(mean(x^2) + eps) of one row of the residual stream, in float32, as RMSNorm computes it."""
+    cols = tl.arange(0, HIDDEN_PAD)
+    xr = tl.load(row_ptr + cols, mask=cols < HIDDEN, other=0.0).to(tl.float32)
+    return 1.0 / tl.sqrt(tl.sum(xr * xr, axis=0) / HIDDEN + eps)
+
+
+@triton.jit
 def _attend_self(q, k_new, v_new, m_i, l_i, acc, scale, o_rows, is_q):
     """Fold this token's own score into the softmax state and store the normalised output."""
     s_self = tl.sum(q.to(tl.float32) * k_new.to(tl.float32), axis=1) * scale  # [G_PAD]
@@ -568,6 +596,9 @@ def rotary_attention(
     chunk: int | None = None,
     share: torch.Tensor | None = None,
     wide: bool | None = None,
+    stream: torch.Tensor | None = None,
+    eps: float = 0.0,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One decode token's rotary embedding, cache write and grouped-query attention, in one launch.
 
@@ -590,6 +621,10 @@ def rotary_attention(
 
     Offsets into the cache are int32 where the cache view spans fewer than 2^31 elements; ``wide`` forces
     int64 (the output bits are the same either way).
+
+    With ``stream`` ([B, H], the residual stream), qkv is the product of the stream itself with the weights
+    scaled by the input norm's weight, and each row's 1 / sqrt(mean(stream^2) + eps) is applied here, then
+    ``bias`` ([(Hq + 2 Hkv) * D] or None), before rotation: the norm costs no launch of its own.
     """
     B = qkv.shape[0]
     n_kv, C, D = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
@@ -623,7 +658,10 @@ def rotary_attention(
         out,
         part,
         count_buf,
+        stream if stream is not None else qkv,  # not read unless ROW_NORM
+        bias if bias is not None else qkv,  # not read unless HAS_BIAS
         scale,
+        eps,
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
@@ -641,6 +679,10 @@ def rotary_attention(
         PRECISION="ieee" if qkv.dtype == torch.float32 else "tf32",
         SHARED=share is not None,
         WIDE=wide if wide is not None else _elements(k_cache) >= 2**31,
+        ROW_NORM=stream is not None,
+        HIDDEN=stream.shape[1] if stream is not None else 1,
+        HIDDEN_PAD=triton.next_power_of_2(stream.shape[1]) if stream is not None else 1,
+        HAS_BIAS=bias is not None,
         num_warps=num_warps or max(1, D // 64),
         num_stages=num_stages,
     )
@@ -667,20 +709,43 @@ def sm_count(device: torch.device) -> int:
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, n, BLOCK: tl.constexpr):
+def _silu_mul_kernel(
+    gu_ptr, out_ptr, stream_ptr, n, eps, BLOCK: tl.constexpr, HIDDEN: tl.constexpr, HIDDEN_PAD: tl.constexpr
+):
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n
     gate = tl.load(gu_ptr + row * 2 * n + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(gu_ptr + row * 2 * n + n + cols, mask=mask, other=0.0).to(tl.float32)
+    if HIDDEN > 0:  # gate|up is the stream's product with norm-scaled weights: apply the row's 1 / rms here
+        inv = _inv_rms(stream_ptr + row * HIDDEN, HIDDEN, HIDDEN_PAD, eps)
+        gate, up = gate * inv, up * inv
     act = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + row * n + cols, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_mul(gate_up: torch.Tensor, out: torch.Tensor, block: int = 1024) -> torch.Tensor:
-    """out = silu(gate) * up for gate_up = [gate | up]: [B, 2I] -> [B, I]."""
+def silu_mul(
+    gate_up: torch.Tensor,
+    out: torch.Tensor,
+    block: int = 1024,
+    stream: torch.Tensor | None = None,
+    eps: float = 0.0,
+) -> torch.Tensor:
+    """out = silu(gate) * up for gate_up = [gate | up]: [B, 2I] -> [B, I]. With ``stream`` ([B, H]), gate|up
+    is the stream's product with weights scaled by the post-attention norm's weight, and gate and up are
+    first multiplied by the row's 1 / sqrt(mean(stream^2) + eps): the norm costs no launch of its own."""
     B, n = out.shape
-    _silu_mul_kernel[(B, triton.cdiv(n, block))](gate_up, out, n, BLOCK=block)
+    hidden = stream.shape[1] if stream is not None else 0
+    _silu_mul_kernel[(B, triton.cdiv(n, block))](
+        gate_up,
+        out,
+        stream if stream is not None else gate_up,  # not read without a stream
+        n,
+        eps,
+        BLOCK=block,
+        HIDDEN=hidden,
+        HIDDEN_PAD=triton.next_power_of_2(max(hidden, 1)),
+    )
     return out
 
 
