@@ -427,10 +427,7 @@ class StaticDecoder:
         gate_up = x.new_empty(B, f.wgu[i].shape[0])  # [B, 2I]
         norm_linear(x, f.norms[2 * i + 1], f.eps, f.wgu[i], None, gate_up, self.counts)
         act = silu_mul(gate_up, x.new_empty(B, gate_up.shape[1] // 2))  # [B, I]
-        if mlp.down_proj.bias is None:
-            x.addmm_(act, mlp.down_proj.weight.t())
-        else:
-            x.add_(mlp.down_proj(act))
+        self._add_product(x, act, mlp.down_proj)
 
     def refresh_weights(self) -> None:
         """Copy the model's current weights into the fused buffers (in place: captured graphs stay valid)."""

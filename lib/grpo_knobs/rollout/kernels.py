@@ -455,20 +455,14 @@ def _rotary_attention_kernel(
     g = tl.arange(0, G_PAD)[:, None]
     is_q = g < G
     # q of the G query heads and k of head j, rotated and rounded to the storage dtype as stored q and k are
-    x = tl.load(src + (j * G + g) * D + d[None, :], mask=is_q, other=0.0).to(tl.float32)  # [G_PAD, D]
-    x_p = tl.load(src + (j * G + g) * D + partner[None, :], mask=is_q, other=0.0).to(tl.float32)
-    y = tl.load(src + (N_Q + j) * D + d[None, :]).to(tl.float32)  # [1, D]
-    y_p = tl.load(src + (N_Q + j) * D + partner[None, :]).to(tl.float32)
-    v_new = tl.load(src + (N_Q + N_KV + j) * D + d).to(tl.float32)  # [D]
-    if ROW_NORM:  # qkv is x @ (W * norm weight)^T: the input norm's 1 / rms(x) is applied here, per row
+    inv = 1.0  # qkv as given; with ROW_NORM it is x @ (W * norm weight)^T and the input norm's 1 / rms(x) applies
+    if ROW_NORM:
         inv = _inv_rms(stream_ptr + b * HIDDEN, HIDDEN, HIDDEN_PAD, eps)
-        x, x_p, y, y_p, v_new = x * inv, x_p * inv, y * inv, y_p * inv, v_new * inv
-    if HAS_BIAS:  # the projection's bias comes after the row's scale
-        x += tl.load(bias_ptr + (j * G + g) * D + d[None, :], mask=is_q, other=0.0).to(tl.float32)
-        x_p += tl.load(bias_ptr + (j * G + g) * D + partner[None, :], mask=is_q, other=0.0).to(tl.float32)
-        y += tl.load(bias_ptr + (N_Q + j) * D + d[None, :]).to(tl.float32)
-        y_p += tl.load(bias_ptr + (N_Q + j) * D + partner[None, :]).to(tl.float32)
-        v_new += tl.load(bias_ptr + (N_Q + N_KV + j) * D + d).to(tl.float32)
+    x = _qkv_part(src, bias_ptr, (j * G + g) * D + d[None, :], is_q, 0.0, inv, HAS_BIAS)  # [G_PAD, D]
+    x_p = _qkv_part(src, bias_ptr, (j * G + g) * D + partner[None, :], is_q, 0.0, inv, HAS_BIAS)
+    y = _qkv_part(src, bias_ptr, (N_Q + j) * D + d[None, :], None, None, inv, HAS_BIAS)  # [1, D]
+    y_p = _qkv_part(src, bias_ptr, (N_Q + j) * D + partner[None, :], None, None, inv, HAS_BIAS)
+    v_new = _qkv_part(src, bias_ptr, (N_Q + N_KV + j) * D + d, None, None, inv, HAS_BIAS)  # [D]
     q = (x * cos + sign * x_p * sin).to(k_ptr.dtype.element_ty)  # [G_PAD, D]
     k_new = (y * cos + sign * y_p * sin).to(k_ptr.dtype.element_ty)  # [1, D]
     v_new = v_new.to(v_ptr.dtype.element_ty)  # [D]
@@ -554,6 +548,16 @@ def _rotary_attention_kernel(
                 m_i = m_new
             tl.store(count_ptr + b * N_KV + j, 0)
             _attend_self(q, k_new, v_new, m_i, l_i, acc, scale, o_rows, is_q)
+
+
+@triton.jit
+def _qkv_part(src, bias_ptr, off, mask, other, inv, HAS_BIAS: tl.constexpr):
+    """Elements ``off`` of a row's q|k|v in float32: times the row's 1 / rms (``inv``, 1 without the stream),
+    then plus the projection's bias at the same offsets."""
+    val = tl.load(src + off, mask=mask, other=other).to(tl.float32) * inv
+    if HAS_BIAS:
+        val += tl.load(bias_ptr + off, mask=mask, other=other).to(tl.float32)
+    return val
 
 
 @triton.jit
