@@ -18,6 +18,7 @@ machine and reports their registers, shared memory and loop instructions.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import re
@@ -66,21 +67,24 @@ ARMS = parse_arms("k32-w1-s2-wide,k16-w1-s4")
 _ORIGINAL = kernels.rotary_attention
 
 
-def armed_attention(arm: dict):
-    """kernels.rotary_attention launched as ``arm`` says (callers' own arguments win)."""
-    return functools.partial(_ORIGINAL, **arm["kwargs"])  # a partial's keywords give way to the call's
+@contextlib.contextmanager
+def launched_as(arm: dict):
+    """Within the block, kernels.rotary_attention launches as ``arm`` says (callers' own arguments win: a
+    partial's keywords give way to the call's). A captured graph keeps the launches it was captured with."""
+    kernels.rotary_attention = functools.partial(_ORIGINAL, **arm["kwargs"])
+    try:
+        yield
+    finally:
+        kernels.rotary_attention = _ORIGINAL
 
 
 def timed_arm(engine: HFEngine, arm: dict, prompts, device, new_tokens: int) -> dict:
     """The split call (benchmarks.rollout.split_call) of one engine with attention launched as ``arm``; the
     first call of an engine compiles and captures its shapes and is not timed."""
-    kernels.rotary_attention = armed_attention(arm)
-    try:
+    with launched_as(arm):
         if not engine.decoder.graphs:
             timed_generate(engine, prompts, device, **fixed_length(new_tokens))
         return split_call(engine, prompts, device, new_tokens)
-    finally:
-        kernels.rotary_attention = _ORIGINAL
 
 
 def main(argv=None) -> list[dict]:

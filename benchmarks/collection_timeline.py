@@ -17,12 +17,15 @@ row's), ``eager-prefill`` (the prefill's launches run eagerly on every call inst
 (the attended cache length grows in 32-slot buckets instead of 64: less of the cache read past the token, twice
 the captured step shapes), ``own-wide`` (kernels.py's GEMMs, with the norms and residual adds inside, at every
 width instead of cuBLAS's from ``LINEAR_ROWS`` rows up), ``outputs-after`` (responses cut and decoded to text after
-the last step, not block by block while the steps after each block run).
+the last step, not block by block while the steps after each block run). An arm may also be a launch shape of
+decode attention in ``benchmarks.attention_shapes``' names (``k16-w1-s4``): that module times shapes at one
+width, this one at every width a collection passes through, the split launches of narrow steps included.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -33,6 +36,7 @@ from grpo_knobs.evaluation import encode_prompts
 from grpo_knobs.models import load_model
 from grpo_knobs.rollout.hf import HFEngine
 
+from benchmarks.attention_shapes import launched_as, parse_arm
 from benchmarks.rollout import gpu_slug
 from benchmarks.timeline import Timeline, instrument
 
@@ -103,12 +107,20 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--collections", type=int, default=4, help="timed collections, after one untimed warm-up")
     ap.add_argument("--path", choices=sorted(PATHS), default="fused", help="static decoder path")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--arms", default="default", help=f"comma list of decoder variants, of {', '.join(ARMS)}")
+    ap.add_argument(
+        "--arms",
+        default="default",
+        help=f"comma list of decoder variants, of {', '.join(ARMS)}, or attention launch shapes (k16-w1-s4)",
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     names = args.arms.split(",")
-    if not names or not set(names) <= set(ARMS) or len(set(names)) < len(names):
-        raise SystemExit(f"--arms takes distinct names of {', '.join(ARMS)}, comma-separated, got {args.arms!r}")
+    if len(set(names)) < len(names) or not all(n in ARMS or n.startswith("k") for n in names):
+        raise SystemExit(
+            f"--arms takes distinct names of {', '.join(ARMS)} or attention launch shapes (k16-w1-s4), "
+            f"comma-separated, got {args.arms!r}"
+        )
+    shapes = {n: parse_arm(n) for n in names if n not in ARMS}  # SystemExit naming a malformed shape
 
     device = torch.device(args.device)
     model, tokenizer, info = load_model(args.model, device=device)
@@ -118,7 +130,7 @@ def main(argv=None) -> list[dict]:
         engine = HFEngine(
             model, tokenizer, device=device, fast=PATHS[args.path], max_batch_size=batch, return_logprobs=True
         )
-        for attribute, value in ARMS[name].items():
+        for attribute, value in ARMS.get(name, {}).items():
             setattr(engine.decoder, attribute, value)
         arms[name] = (engine, Timeline(device))
         instrument(engine.decoder, arms[name][1])
@@ -128,7 +140,8 @@ def main(argv=None) -> list[dict]:
         chosen = [problems[(c * args.prompts + i) % len(problems)] for i in range(args.prompts)]
         prompts = encode_prompts(chosen, tokenizer)
         for name, (engine, timeline) in arms.items():  # interleaved: drift in clocks falls on every arm
-            result = one_collection(engine, timeline, prompts, args.group, args.max_new_tokens, seed=c)
+            with launched_as(shapes[name]) if name in shapes else contextlib.nullcontext():
+                result = one_collection(engine, timeline, prompts, args.group, args.max_new_tokens, seed=c)
             if c:
                 collections[name].append(result)
     for name, done in collections.items():

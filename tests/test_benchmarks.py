@@ -1,5 +1,6 @@
 """The benchmarks run end to end on CPU with the tiny model and write their documented fields."""
 
+import ast
 import json
 import os
 import re
@@ -471,9 +472,50 @@ def test_collection_timeline_times_decoder_variants_in_one_run(tmp_path):
     assert all("step 6: " in r and "; wall " in r for r in ratios)
     bad = _bench("benchmarks.collection_timeline", *args, "--arms", "default,both")
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1] == (
-        "--arms takes distinct names of default, own-reads, eager-prefill, block-32, own-wide, outputs-after, "
-        "comma-separated, got 'default,both'"
+        "--arms takes distinct names of default, own-reads, eager-prefill, block-32, own-wide, outputs-after "
+        "or attention launch shapes (k16-w1-s4), comma-separated, got 'default,both'"
     )
+    bad = _bench("benchmarks.collection_timeline", *args, "--arms", "default,k16-w1")
+    assert bad.returncode != 0 and "an arm is k<slots>-w<warps>-s<stages>" in bad.stderr.strip().splitlines()[-1]
+
+
+def _spying_on_attention(module: str, record: str, report: str) -> str:
+    """A ``python -c`` program: ``benchmarks.<module>.main`` on the command line's arguments, every decode
+    attention launch appending ``record`` (an expression of the launch's ``grid`` and keywords ``kw``) to
+    ``seen``, then ``report`` (which may also read ``original``, kernels.rotary_attention before the run)."""
+    return (
+        f"import sys; from grpo_knobs.rollout import kernels; from benchmarks import {module} as bench\n"
+        "seen = []; launch = kernels._rotary_attention_kernel; original = kernels.rotary_attention\n"
+        "class Spy:\n"
+        "    def __getitem__(self, grid):\n"
+        "        def run(*args, **kw):\n"
+        f"            seen.append({record})\n"
+        "            return launch[grid](*args, **kw)\n"
+        "        return run\n"
+        "kernels._rotary_attention_kernel = Spy()\n"
+        f"bench.main(sys.argv[1:])\n{report}\n"
+    )
+
+
+def test_collection_timeline_times_attention_launch_shapes(tmp_path):
+    """An arm named as an attention launch shape launches the fused path's attention that way in its own
+    collections only: the two arms' collections are interleaved, and each launches as many times as the other
+    with its own block and stages, so the shape neither leaks into the default arm's steps nor stays set after."""
+    result = tmp_path / "timeline.json"
+    args = ["--model", "tiny-random", "--prompts", "2", "--group", "2", "--max-new-tokens", "5", "--device", "cpu"]
+    code = _spying_on_attention(
+        "collection_timeline",
+        "(kw['BLOCK_K'], kw['num_stages'])",
+        "print('SEEN', sorted((s, seen.count(s)) for s in set(seen)))\n"
+        "print('RESTORED', kernels.rotary_attention is original)",
+    )
+    arms = ["--path", "fused", "--collections", "1", "--arms", "default,k16-w1-s4", "--json", str(result)]
+    proc = interpreted(["-c", code, *args, *arms])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert list(json.loads(result.read_text())["arms"]) == ["default", "k16-w1-s4"]
+    seen = ast.literal_eval(proc.stdout.split("SEEN ")[1].splitlines()[0])
+    assert [shape for shape, _ in seen] == [(16, 4), (32, 2)] and seen[0][1] == seen[1][1] > 0, seen
+    assert "RESTORED True" in proc.stdout
 
 
 @pytest.mark.parametrize("group", [3, 1], ids=["prompts-repeat", "prompts-distinct"])
@@ -620,17 +662,10 @@ def test_attention_shapes_cpu(tmp_path):
     through the patched launch), the default first, and the ratios are to the default's steps."""
     out = tmp_path / "shapes.json"
     args = ["--model", "tiny-random", "--batch", "4", "--new-tokens", "6", "--rounds", "1", "--device", "cpu"]
-    code = (
-        "import sys; from grpo_knobs.rollout import kernels; from benchmarks import attention_shapes as a\n"
-        "seen = []; launch = kernels._rotary_attention_kernel\n"
-        "class Spy:\n"
-        "    def __getitem__(self, grid):\n"
-        "        def run(*args, **kw):\n"
-        "            seen.append((kw['BLOCK_K'], kw['num_stages'], grid[2] > 1, kw['WIDE']))\n"
-        "            return launch[grid](*args, **kw)\n"
-        "        return run\n"
-        "kernels._rotary_attention_kernel = Spy()\n"
-        "a.main(sys.argv[1:]); print('SEEN', sorted(set(seen)))\n"
+    code = _spying_on_attention(
+        "attention_shapes",
+        "(kw['BLOCK_K'], kw['num_stages'], grid[2] > 1, kw['WIDE'])",
+        "print('SEEN', sorted(set(seen)))",
     )
     arms = "k16-w1-s2-split16,k16-w1-s3-wide"
     proc = interpreted(["-c", code, *args, "--arms", arms, "--json", str(out)])
