@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import tempfile
 import urllib.request
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from grpo_knobs.rollout.sglang import (
     launch_command,
     split_server_args,
 )
-from grpo_knobs.trainer import train
+from grpo_knobs.trainer import Trainer
 
 FAST = RetryPolicy(max_retries=2, backoff=0.01, backoff_max=0.05, max_restarts=1)
 INSTALL = "pip install --no-deps --target .venv/sglang-api -r tests/sglang-api-requirements.txt"
@@ -179,13 +180,22 @@ def test_run_config_reaches_the_server_flags(tmp_path):
             run_config(tmp_path, **bad)
 
 
-def test_trainer_runs_on_the_fake_server(fake, tmp_path):
+def test_trainer_runs_on_the_fake_server(fake, tmp_path, monkeypatch):
+    """A run on an attached server: one versioned update per collection, and the weights written for the
+    server are deleted when the run ends (a study of many runs would otherwise fill the temporary folder)."""
     state, url = fake
-    run = RunDir(train(run_config(tmp_path, engine_url=url), progress=False))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    trainer = Trainer(run_config(tmp_path, engine_url=url), progress=False)  # held: its engine is not collected
+    run = RunDir(trainer.run_loop())
     assert len(run.collections()) == 2
     paths = [p for p, _ in state.requests]
     assert paths.count("/update_weights_from_disk") == 2 and "/flush_cache" not in paths
     assert state.weight_version == "2"  # one versioned update per collection
+    written = {body["model_path"] for p, body in state.requests if p == "/update_weights_from_disk"}
+    assert len(written) == 1 and Path(written.pop()).parent == scratch
+    assert list(scratch.iterdir()) == []
 
 
 # ----------------------------------------------------------------------------- the fake against SGLang

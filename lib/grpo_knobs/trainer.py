@@ -203,15 +203,18 @@ class Trainer:
             # Model, data, engine, an explicit tracking_dir: a failure here leaves no run directory behind,
             # so the corrected command runs as a new run.
             self.setup()
-            self.tracker = open_tracker(cfg)
-            self.run.path.mkdir(parents=True, exist_ok=True)
-            try:
-                self._train_and_finish(resuming)
-            except BaseException as exc:
-                self._record_failure(exc)
-                raise
-            finally:
-                self.tracker.close()
+            # closed however the run ends: a launched SGLang server stops now, not when the engine is collected,
+            # and the weights written for any server are deleted
+            with contextlib.closing(self.engine):
+                self.tracker = open_tracker(cfg)
+                self.run.path.mkdir(parents=True, exist_ok=True)
+                try:
+                    self._train_and_finish(resuming)
+                except BaseException as exc:
+                    self._record_failure(exc)
+                    raise
+                finally:
+                    self.tracker.close()
         return self.run.path
 
     def _train_and_finish(self, resuming: bool) -> None:

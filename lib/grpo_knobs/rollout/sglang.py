@@ -533,6 +533,6 @@ class SGLangEngine(RolloutEngine):
     def __exit__(self, *exc):
         self.close()
 
-    def __del__(self):
-        if getattr(self, "proc", None) is not None:
+    def __del__(self):  # a server it launched, or weights it wrote for an attached one, are not left behind
+        if getattr(self, "proc", None) is not None or getattr(self, "weights_dir", None) is not None:
             self.close()
