@@ -1,8 +1,8 @@
 """Model registry and loading: a hub id or local folder, the SmolLM2 GGUF from PyPI, a tiny random model.
 
 Every name resolves to a local folder that `from_pretrained` reads directly (`fetch_model`), so training
-and generation never see GGUF or the network. The SmolLM2 GGUF is dequantized once (float32, see
-../shared/NOTES.md), saved as a bf16 safetensors folder and hashed; later loads take about a second.
+and generation never see GGUF or the network. The SmolLM2 GGUF is dequantized once (in float32, which gives
+ordinary Linear weights), saved as a bf16 safetensors folder and hashed; later loads take about a second.
 
 Cache layout (root: $GRPO_KNOBS_CACHE, default ~/.cache/grpo-knobs; compiled kernels beside: caches.py):
     models/<name>/      config, model.safetensors, tokenizer, source.json (hashes, provenance)
@@ -278,7 +278,7 @@ def _write_source(folder: Path, record: dict) -> None:
 
 
 def _convert_gguf(name: str, gguf_path: Path, gguf_sha: str, source: str) -> Path:
-    """Dequantize a GGUF into a plain bf16 safetensors folder (the recipe in ../shared/NOTES.md)."""
+    """Dequantize a GGUF into a plain bf16 safetensors folder that ``from_pretrained`` reads without gguf."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     t0 = time.time()

@@ -2,7 +2,7 @@
 
 The engine keeps its own copy of the weights so the generator changes only at weight sync, exactly
 as with a separate inference server. The fast path exists because default `generate` is launch- and
-Python-bound on a GPU (60-70 ms per step at every batch size, ../shared/DEVICE.md); replaying one
+Python-bound on a GPU (70-96 ms per step at every batch size on an H200, docs/performance.md); replaying one
 captured graph per decode step removes that overhead while reading the same parameter storage, so
 `update_weights` (an in-place copy) needs no recapture.
 """
