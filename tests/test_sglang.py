@@ -383,6 +383,40 @@ def test_watchdog_restarts_a_crashed_server(launched_fake, tiny, tmp_path):
     assert engine.proc is None
 
 
+def test_a_run_keeps_its_launched_servers_log(launched_fake, tmp_path, monkeypatch):
+    """The server a run launched writes its log into the run's directory once stopped, a failed run's too,
+    and the resumed run's server adds its own: nothing is left in the temporary folder."""
+    import grpo_knobs.rollout.sglang as sglang_mod
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    # the run's own settings, started as the fake: RunConfig has no field for the server's module
+    monkeypatch.setattr(sglang_mod, "ServerSettings", lambda **kw: ServerSettings(module="sglang_fake", **kw))
+    cfg = run_config(tmp_path, sglang_startup_timeout=60, eval_every_responses=4)  # a saved state after one
+    sync = Trainer.sync_weights
+    calls = []
+
+    def second_sync_fails(self):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("the second weight sync failed")
+        return sync(self)
+
+    monkeypatch.setattr(Trainer, "sync_weights", second_sync_fails)
+    trainer = Trainer(cfg, progress=False)
+    with pytest.raises(RuntimeError, match="second weight sync"):
+        trainer.run_loop()
+    log = trainer.run.path / "sglang-server.log"
+    assert log.read_text().count("fake SGLang on ") == 1
+    assert trainer.engine.proc is None and list(scratch.iterdir()) == []
+    resumed = Trainer(dataclasses.replace(cfg, resume=True), progress=False)
+    resumed.run_loop()
+    assert RunDir(resumed.run.path).is_complete()
+    assert log.read_text().count("fake SGLang on ") == 2
+    assert list(scratch.iterdir()) == []
+
+
 def test_watchdog_gives_up_after_max_restarts(launched_fake, tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("GRPO_KNOBS_FAKE_SGLANG_CRASH", "always")
     engine = SGLangEngine(

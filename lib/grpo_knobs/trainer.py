@@ -203,19 +203,28 @@ class Trainer:
             # Model, data, engine, an explicit tracking_dir: a failure here leaves no run directory behind,
             # so the corrected command runs as a new run.
             self.setup()
-            # closed however the run ends: a launched SGLang server stops now, not when the engine is collected,
-            # and the weights written for any server are deleted
-            with contextlib.closing(self.engine):
-                self.tracker = open_tracker(cfg)
-                self.run.path.mkdir(parents=True, exist_ok=True)
-                try:
-                    self._train_and_finish(resuming)
-                except BaseException as exc:
-                    self._record_failure(exc)
-                    raise
-                finally:
-                    self.tracker.close()
+            try:
+                # closed however the run ends: a launched SGLang server stops now, not when the engine is
+                # collected, and the weights written for any server are deleted
+                with contextlib.closing(self.engine):
+                    self.tracker = open_tracker(cfg)
+                    self.run.path.mkdir(parents=True, exist_ok=True)
+                    try:
+                        self._train_and_finish(resuming)
+                    except BaseException as exc:
+                        self._record_failure(exc)
+                        raise
+                    finally:
+                        self.tracker.close()
+            finally:
+                self._keep_server_log()
         return self.run.path
+
+    def _keep_server_log(self) -> None:
+        """A launched SGLang server's log joins the run's records (sglang-server.log), its server stopped."""
+        keep = getattr(self.engine, "keep_log", None)
+        if keep is not None and self.run.path.is_dir():
+            keep(self.run.path / "sglang-server.log")
 
     def _train_and_finish(self, resuming: bool) -> None:
         cfg = self.cfg

@@ -241,6 +241,7 @@ class SGLangEngine(RolloutEngine):
         self.request_timeout, self.startup_timeout = request_timeout, startup_timeout
         self.send_seed, self.dtype = send_seed, dtype
         self.proc, self.log, self.log_path, self.weights_dir = None, None, None, None
+        self._temporary_log = False
         self.retries = self.restarts = self.updates = 0
         self.weight_version: str | None = None  # what /generate must echo; None: not known (attached)
         if url is None:
@@ -248,7 +249,11 @@ class SGLangEngine(RolloutEngine):
                 raise ValueError("SGLangEngine needs url=... to attach to a running server, or launch=True")
             self.server = self._settings(server, trainer_device)
             self.weight_version = self.server.weight_version
-            self.log_path = Path(log_path or tempfile.mkstemp(prefix="sglang-", suffix=".log")[1])
+            self._temporary_log = log_path is None
+            if log_path is None:
+                fd, log_path = tempfile.mkstemp(prefix="sglang-", suffix=".log")
+                os.close(fd)
+            self.log_path = Path(log_path)
             url = f"http://{self.server.host}:{self.server.port}"
             self._start(self.server)
         self.url = url.rstrip("/")
@@ -526,6 +531,21 @@ class SGLangEngine(RolloutEngine):
         if self.weights_dir is not None:
             shutil.rmtree(self.weights_dir, ignore_errors=True)
             self.weights_dir = None
+
+    def keep_log(self, dest) -> Path | None:
+        """Append a launched server's log to ``dest`` (a run's record of its engine; a resumed run's server
+        adds its own after the first's) and delete the temporary one. None when no server was launched."""
+        dest = Path(dest)
+        if self.log_path is None or not self.log_path.is_file() or self.log_path == dest:
+            return None if self.log_path is None else self.log_path
+        if self.log is not None:
+            self.log.flush()
+        with open(dest, "ab") as out, open(self.log_path, "rb") as log:
+            shutil.copyfileobj(log, out)
+        if self._temporary_log and self.log is None:  # stopped: nothing writes to it any more
+            self.log_path.unlink(missing_ok=True)
+            self.log_path = dest
+        return dest
 
     def __enter__(self):
         return self
