@@ -32,16 +32,6 @@ def test_add_rms_norm(with_delta):
     torch.testing.assert_close(out, stream * torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + 1e-5) * w)
 
 
-def test_embed_rms_norm_gathers_then_normalises():
-    g = torch.Generator(DEVICE).manual_seed(0)
-    emb, w = torch.randn(11, 40, generator=g), torch.randn(40, generator=g)
-    tokens = torch.tensor([3, 10, 0, 3])
-    x, out = torch.empty(3, 40), torch.empty(3, 40)
-    K.embed_rms_norm(tokens, emb, w, 1e-5, x, out)
-    torch.testing.assert_close(x, emb[tokens[:3]])
-    torch.testing.assert_close(out, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w)
-
-
 # rotary_attention with its default 32-bit offsets into the cache, and with the 64-bit ones it takes only for
 # caches spanning 2^31 elements or more
 VARIANTS = {"default": {}, "wide": dict(wide=True)}

@@ -362,14 +362,14 @@ class StaticDecoder:
         Up to ``linear_rows`` rows a layer is ``_own_layer``'s six launches, wider ``_cublas_layer``'s six
         (benchmarks/decode_kernels.py --widths times both at each width; an o_proj or down_proj bias adds one).
         """
-        from .kernels import add_rms_norm, embed_rms_norm
+        from .kernels import add_rms_norm
 
         f, E = self.fused, self.weight
         x = E.new_empty(B, E.shape[1])  # [B, H] residual stream, updated in place
         h = torch.empty_like(x)  # [B, H] the final norm's output
         own = B <= self.linear_rows
-        if not own:  # the stream starts as the tokens' embedding rows (h is not read before the final norm)
-            embed_rms_norm(self.tok, E, f.norms[0], f.eps, x, h)
+        if not own:  # the stream starts as the tokens' embedding rows (the first norm is folded into q|k|v)
+            torch.index_select(E, 0, self.tok[:B], out=x)
         for i, layer in enumerate(self.layers):
             (self._own_layer if own else self._cublas_layer)(i, layer, x, kv_len)
         add_rms_norm(x, None, f.norms[-1], f.eps, h)  # both layers end adding into the stream

@@ -14,12 +14,12 @@ adds inside them and attention is split over the cache:
     norm_linear (qkv) -> rotary_attention -> linear_add (o) -> norm_linear (gate_up) -> silu_mul
     -> down GEMM adding into the stream
 
-The step opens with the embedding lookup (embed_rms_norm, or inside the first norm_linear) and closes with
-the final norm, the lm_head GEMM and sample_and_record: one pass over the logits split across programs, then
-a combine that also keeps the decoder's books (pad for finished rows, the output column, the stop check).
-Rotary cos/sin come from a per-position table built once per cache. Split launches (attention over the
-cache, GEMMs over K) are combined by the last program to finish, in a fixed order, so results do not
-depend on scheduling.
+The step opens with the embedding lookup (an index_select at a wide step, inside the first norm_linear at a
+narrow one) and closes with the final norm, the lm_head GEMM and sample_and_record: one pass over the logits
+split across programs, then a combine that also keeps the decoder's books (pad for finished rows, the output
+column, the stop check). Rotary cos/sin come from a per-position table built once per cache. Split launches
+(attention over the cache, GEMMs over K) are combined by the last program to finish, in a fixed order, so
+results do not depend on scheduling.
 
 Every kernel reads its scalars (the step, the slot and position it implies) from device memory, so
 one CUDA graph replays it. Arithmetic is float32 inside a kernel; values are rounded to the storage
@@ -85,35 +85,17 @@ if INTERPRETED:
 
 
 @triton.jit
-def _add_rms_norm_kernel(
-    x_ptr,
-    delta_ptr,
-    w_ptr,
-    h_ptr,
-    tok_ptr,
-    emb_ptr,
-    n_cols,
-    eps,
-    HAS_DELTA: tl.constexpr,
-    GATHER: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
+def _add_rms_norm_kernel(x_ptr, delta_ptr, w_ptr, h_ptr, n_cols, eps, HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    if GATHER:  # the residual stream starts as the token's embedding row
-        tok = tl.load(tok_ptr + row)
-        x = tl.load(emb_ptr + tok * n_cols + cols, mask=mask, other=0.0).to(x_ptr.dtype.element_ty)
-        tl.store(x_ptr + row * n_cols + cols, x, mask=mask)
-    else:
-        x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
+    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
     if HAS_DELTA:
         d = tl.load(delta_ptr + row * n_cols + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + d.to(tl.float32)).to(x_ptr.dtype.element_ty)  # the residual stream is stored
         tl.store(x_ptr + row * n_cols + cols, x, mask=mask)
     xf = x.to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
-    normed = (xf * inv).to(h_ptr.dtype.element_ty).to(tl.float32)
+    normed = (xf * _inv_rms_of(xf, n_cols, eps)).to(h_ptr.dtype.element_ty).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(h_ptr + row * n_cols + cols, (normed * w).to(h_ptr.dtype.element_ty), mask=mask)
 
@@ -128,34 +110,9 @@ def add_rms_norm(
         delta if delta is not None else x,
         weight,
         out,
-        x,  # no token ids: GATHER is off
-        x,
         cols,
         eps,
         HAS_DELTA=delta is not None,
-        GATHER=False,
-        BLOCK=triton.next_power_of_2(cols),
-    )
-    return out
-
-
-def embed_rms_norm(
-    tokens: torch.Tensor, embedding: torch.Tensor, weight: torch.Tensor, eps: float, x: torch.Tensor, out: torch.Tensor
-) -> torch.Tensor:
-    """x = embedding[tokens] (the residual stream); out = RMSNorm(x) * weight: one launch for the lookup and the
-    first layer's norm. tokens: [>= B] long; embedding: [V, H]; x, out: [B, H] contiguous."""
-    rows, cols = x.shape
-    _add_rms_norm_kernel[(rows,)](
-        x,
-        x,
-        weight,
-        out,
-        tokens,
-        embedding,
-        cols,
-        eps,
-        HAS_DELTA=False,
-        GATHER=True,
         BLOCK=triton.next_power_of_2(cols),
     )
     return out
@@ -564,8 +521,13 @@ def _qkv_part(src, bias_ptr, off, mask, other, inv, HAS_BIAS: tl.constexpr):
 def _inv_rms(row_ptr, HIDDEN: tl.constexpr, HIDDEN_PAD: tl.constexpr, eps):
     """1 / sqrt(mean(x^2) + eps) of one row of the residual stream, in float32, as RMSNorm computes it."""
     cols = tl.arange(0, HIDDEN_PAD)
-    xr = tl.load(row_ptr + cols, mask=cols < HIDDEN, other=0.0).to(tl.float32)
-    return 1.0 / tl.sqrt(tl.sum(xr * xr, axis=0) / HIDDEN + eps)
+    return _inv_rms_of(tl.load(row_ptr + cols, mask=cols < HIDDEN, other=0.0).to(tl.float32), HIDDEN, eps)
+
+
+@triton.jit
+def _inv_rms_of(xf, n_cols, eps):
+    """1 / sqrt(mean(xf^2) + eps) of a row held in float32 (its padding zero), as RMSNorm computes it."""
+    return 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
 
 
 @triton.jit
