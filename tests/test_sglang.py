@@ -417,6 +417,22 @@ def test_a_run_keeps_its_launched_servers_log(launched_fake, tmp_path, monkeypat
     assert list(scratch.iterdir()) == []
 
 
+def test_a_log_that_cannot_be_kept_does_not_fail_the_run(launched_fake, tmp_path, monkeypatch, capsys):
+    import grpo_knobs.rollout.sglang as sglang_mod
+
+    monkeypatch.setattr(sglang_mod, "ServerSettings", lambda **kw: ServerSettings(module="sglang_fake", **kw))
+
+    def full_disk(self, dest):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(SGLangEngine, "keep_log", full_disk)
+    trainer = Trainer(run_config(tmp_path, sglang_startup_timeout=60), progress=False)
+    assert RunDir(trainer.run_loop()).is_complete()
+    err = capsys.readouterr().err
+    assert f"the SGLang server's log stays at {trainer.engine.log_path}: [Errno 28] No space left" in err
+    trainer.engine.log_path.unlink()
+
+
 def test_watchdog_gives_up_after_max_restarts(launched_fake, tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("GRPO_KNOBS_FAKE_SGLANG_CRASH", "always")
     engine = SGLangEngine(

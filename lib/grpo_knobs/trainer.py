@@ -224,7 +224,10 @@ class Trainer:
         """A launched SGLang server's log joins the run's records (sglang-server.log), its server stopped."""
         keep = getattr(self.engine, "keep_log", None)
         if keep is not None and self.run.path.is_dir():
-            keep(self.run.path / "sglang-server.log")
+            try:
+                keep(self.run.path / "sglang-server.log")
+            except OSError as e:  # a log, not a record: the run's outcome stands
+                print(f"the SGLang server's log stays at {self.engine.log_path}: {e}", file=sys.stderr)
 
     def _train_and_finish(self, resuming: bool) -> None:
         cfg = self.cfg
