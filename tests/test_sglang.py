@@ -383,16 +383,20 @@ def test_watchdog_restarts_a_crashed_server(launched_fake, tiny, tmp_path):
     assert engine.proc is None
 
 
-def test_a_run_keeps_its_launched_servers_log(launched_fake, tmp_path, monkeypatch):
-    """The server a run launched writes its log into the run's directory once stopped, a failed run's too,
-    and the resumed run's server adds its own: nothing is left in the temporary folder."""
+@pytest.fixture
+def runs_launch_the_fake(launched_fake, monkeypatch):
+    """A run's own server settings, started as the fake: RunConfig has no field for the server's module."""
     import grpo_knobs.rollout.sglang as sglang_mod
 
+    monkeypatch.setattr(sglang_mod, "ServerSettings", lambda **kw: dataclasses.replace(launched_fake, **kw))
+
+
+def test_a_run_keeps_its_launched_servers_log(runs_launch_the_fake, tmp_path, monkeypatch):
+    """The server a run launched writes its log into the run's directory once stopped, a failed run's too,
+    and the resumed run's server adds its own: nothing is left in the temporary folder."""
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
-    # the run's own settings, started as the fake: RunConfig has no field for the server's module
-    monkeypatch.setattr(sglang_mod, "ServerSettings", lambda **kw: ServerSettings(module="sglang_fake", **kw))
     cfg = run_config(tmp_path, sglang_startup_timeout=60, eval_every_responses=4)  # a saved state after one
     sync = Trainer.sync_weights
     calls = []
@@ -417,11 +421,7 @@ def test_a_run_keeps_its_launched_servers_log(launched_fake, tmp_path, monkeypat
     assert list(scratch.iterdir()) == []
 
 
-def test_a_log_that_cannot_be_kept_does_not_fail_the_run(launched_fake, tmp_path, monkeypatch, capsys):
-    import grpo_knobs.rollout.sglang as sglang_mod
-
-    monkeypatch.setattr(sglang_mod, "ServerSettings", lambda **kw: ServerSettings(module="sglang_fake", **kw))
-
+def test_a_log_that_cannot_be_kept_does_not_fail_the_run(runs_launch_the_fake, tmp_path, monkeypatch, capsys):
     def full_disk(self, dest):
         raise OSError(28, "No space left on device")
 

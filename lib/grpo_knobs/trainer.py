@@ -203,21 +203,20 @@ class Trainer:
             # Model, data, engine, an explicit tracking_dir: a failure here leaves no run directory behind,
             # so the corrected command runs as a new run.
             self.setup()
-            try:
-                # closed however the run ends: a launched SGLang server stops now, not when the engine is
-                # collected, and the weights written for any server are deleted
-                with contextlib.closing(self.engine):
-                    self.tracker = open_tracker(cfg)
-                    self.run.path.mkdir(parents=True, exist_ok=True)
-                    try:
-                        self._train_and_finish(resuming)
-                    except BaseException as exc:
-                        self._record_failure(exc)
-                        raise
-                    finally:
-                        self.tracker.close()
-            finally:
-                self._keep_server_log()
+            # However the run ends, the engine is closed (a launched SGLang server stops now, not when the engine
+            # is collected, and the weights written for any server are deleted), then the server's log is kept.
+            with contextlib.ExitStack() as ending:
+                ending.callback(self._keep_server_log)
+                ending.enter_context(contextlib.closing(self.engine))
+                self.tracker = open_tracker(cfg)
+                self.run.path.mkdir(parents=True, exist_ok=True)
+                try:
+                    self._train_and_finish(resuming)
+                except BaseException as exc:
+                    self._record_failure(exc)
+                    raise
+                finally:
+                    self.tracker.close()
         return self.run.path
 
     def _keep_server_log(self) -> None:

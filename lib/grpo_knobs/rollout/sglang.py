@@ -532,12 +532,12 @@ class SGLangEngine(RolloutEngine):
             shutil.rmtree(self.weights_dir, ignore_errors=True)
             self.weights_dir = None
 
-    def keep_log(self, dest) -> Path | None:
+    def keep_log(self, dest) -> None:
         """Append a launched server's log to ``dest`` (a run's record of its engine; a resumed run's server
-        adds its own after the first's) and delete the temporary one. None when no server was launched."""
+        adds its own after the first's), then delete the temporary one. Nothing without a launched server."""
         dest = Path(dest)
         if self.log_path is None or not self.log_path.is_file() or self.log_path == dest:
-            return None if self.log_path is None else self.log_path
+            return
         if self.log is not None:
             self.log.flush()
         with open(dest, "ab") as out, open(self.log_path, "rb") as log:
@@ -545,7 +545,6 @@ class SGLangEngine(RolloutEngine):
         if self._temporary_log and self.log is None:  # stopped: nothing writes to it any more
             self.log_path.unlink(missing_ok=True)
             self.log_path = dest
-        return dest
 
     def __enter__(self):
         return self
