@@ -3,10 +3,11 @@
 ``benchmarks.decode_kernels`` sweeps the attention kernel's launch shape alone (every row its own prompt,
 the token in the bucket's last slot). In the rollout the rows of a prompt read one copy of its cache, the
 token moves through its 64-slot bucket, and the other kernels of the step run around it, so the fastest
-arm alone need not be the fastest there. An arm is a launch shape and a variant of the loop over cache
-blocks, named as ``k{slots per block}-w{warps}-s{stages}`` followed by any of ``-split{slots}`` (the cache
-split into pieces across programs at every width) and ``-wide`` (64-bit offsets into the cache, which the
-default takes only for caches spanning 2^31 elements); ``kernels.rotary_attention`` documents each. For
+arm alone need not be the fastest there. An arm is ``default`` (the library's launch, whose shape depends
+on the width: ``kernels.launch_shape``) or a launch shape and a variant of the loop over cache blocks, named
+as ``k{slots per block}-w{warps}-s{stages}`` followed by any of ``-split{slots}`` (the cache split into
+pieces across programs at every width) and ``-wide`` (64-bit offsets into the cache, which the default takes
+only for caches spanning 2^31 elements); ``kernels.rotary_attention`` documents each. For
 each arm this builds a fused engine whose attention launches with it, and times the decode steps of
 ``benchmarks.rollout``'s fixed-length call split into its parts. Rounds of all arms are interleaved, so
 drift in clocks falls on every arm. ``benchmarks.kernel_resources`` compiles the same arms for sm_90 on any
@@ -32,15 +33,17 @@ from grpo_knobs.rollout.hf import HFEngine
 
 from benchmarks.rollout import fixed_length, question_prompts, split_call, timed_generate
 
-DEFAULT_ARM = "k32-w1-s2"  # kernels.rotary_attention's defaults
+DEFAULT_ARM = "default"  # kernels.rotary_attention as the decoder calls it: its shape by width (launch_shape)
 FLAGS = ("wide",)
 
 
 def parse_arm(name: str) -> dict:
     """An arm's name -> {"name", "kwargs" for kernels.rotary_attention}; SystemExit naming what is wrong."""
+    if name == DEFAULT_ARM:
+        return {"name": name, "kwargs": {}}
     head = re.fullmatch(r"k(\d+)-w(\d+)-s(\d+)((?:-[a-z0-9]+)*)", name)
     if head is None:
-        raise SystemExit(f"an arm is k<slots>-w<warps>-s<stages>[-split<n>][-wide], got {name!r}")
+        raise SystemExit(f"an arm is default or k<slots>-w<warps>-s<stages>[-split<n>][-wide], got {name!r}")
     block_k, warps, stages = map(int, head.groups()[:3])
     kwargs = dict(block_k=block_k, num_warps=warps, num_stages=stages)
     for part in filter(None, head.group(4).split("-")):
@@ -59,9 +62,9 @@ def parse_arms(text: str) -> list[dict]:
     return [parse_arm(n) for n in ([] if DEFAULT_ARM in names else [DEFAULT_ARM]) + names]
 
 
-# The default, its 64-bit offsets, and the runner-up launch shape (the launch shapes alone were swept in
-# earlier calls, benchmarks/results/generation-h200/call-12/; variants of the block loop in call-14/)
-ARMS = parse_arms("k32-w1-s2-wide,k16-w1-s4")
+# The default, its shape with 64-bit offsets at 512 rows, and the runner-up launch shape (the launch shapes alone
+# were swept in earlier calls, benchmarks/results/generation-h200/call-12/; variants of the block loop in call-14/)
+ARMS = parse_arms("k16-w1-s4-wide,k32-w1-s2")
 
 
 _ORIGINAL = kernels.rotary_attention

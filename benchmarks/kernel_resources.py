@@ -23,7 +23,7 @@ issues a step: an estimate of issue work, not of time, which the GPU measures
 (``benchmarks.attention_shapes``). On an H200 the two parted: block-loop variants with up to 36% fewer
 instructions took 0.5-1.7% off the decode step (``docs/performance.md``).
 
-    python -m benchmarks.kernel_resources --arms k32-w1-s2,k16-w1-s4 --json resources.json
+    python -m benchmarks.kernel_resources --arms k32-w1-s2 --json resources.json
 """
 
 from __future__ import annotations
@@ -96,6 +96,11 @@ def launches(arms: list[dict], config, batch: int, kv_len: int) -> list[tuple]:
 def split_on_h200(kwargs: dict, batch: int, n_kv: int) -> bool:
     """Whether the launch splits the cache on an H200: as the arm says, else as rotary_attention decides there."""
     return kwargs.get("split", batch * n_kv < 2 * H200_SMS)
+
+
+def on_h200(arm: dict, batch: int, n_kv: int) -> dict:
+    """The arm with the block and stages rotary_attention launches with on an H200 where the arm leaves them."""
+    return arm | {"kwargs": K.launch_shape(split_on_h200(arm["kwargs"], batch, n_kv)) | arm["kwargs"]}
 
 
 def compile_sm90(fn, args, kw):
@@ -244,9 +249,10 @@ def main(argv=None) -> list[dict]:
     )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    arms = parse_arms(args.arms) if args.arms else ARMS
     folder = fetch_model(args.model)
     config = AutoConfig.from_pretrained(folder)
+    chosen = parse_arms(args.arms) if args.arms else ARMS
+    arms = [on_h200(arm, args.batch, config.num_key_value_heads) for arm in chosen]
     rows = [
         report(arm, compile_sm90(*launch))
         | dict(model=args.model, batch=args.batch, kv_len=args.kv_len, target="sm_90", triton=K.triton.__version__)

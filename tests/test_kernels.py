@@ -102,6 +102,28 @@ def test_rotary_attention_writes_its_slot_and_attends_prompt_decodes_and_itself(
     torch.testing.assert_close(out, torch.einsum("bhk,bhkd->bhd", p, vv).reshape(B, -1))
 
 
+def test_attention_launch_shape_follows_the_width(monkeypatch):
+    """Unless the caller names one, a launch over whole caches (rows x KV heads at least twice the SMs) reads
+    16-slot blocks four deep, and a launch that splits the caches of a narrow step 32-slot blocks two deep
+    (kernels.launch_shape); a block and depth given win at any width."""
+    seen = []  # (split, block, stages) of each launch, recorded instead of run
+
+    class Spy:
+        def __getitem__(self, grid):
+            wide = grid[0] * grid[1] >= 2 * K.sm_count(torch.device(DEVICE))
+            return lambda *args, **kw: seen.append((not wide, kw["BLOCK_K"], kw["num_stages"]))
+
+    monkeypatch.setattr(K, "_rotary_attention_kernel", Spy())
+    n_q, n_kv, D, C = 6, 2, 64, 128
+    sms = K.sm_count(torch.device(DEVICE))
+    for B, given in ((1, {}), (sms, {}), (sms, dict(block_k=64, num_stages=3))):
+        qkv, out = torch.zeros(B, (n_q + 2 * n_kv) * D), torch.zeros(B, n_q * D)
+        table, kv = torch.zeros(C, D), torch.zeros(2, B, n_kv, C, D)
+        one = torch.zeros(1, dtype=torch.long)
+        K.rotary_attention(qkv, table, table, torch.zeros(B, dtype=torch.long), one, one, *kv, C, 0.125, out, **given)
+    assert seen == [(True, 32, 2), (False, 16, 4), (False, 64, 3)]
+
+
 @pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("bias", [False, True])
 def test_rotary_attention_applies_the_rows_norm_then_the_bias(split, bias):

@@ -554,9 +554,9 @@ def rotary_attention(
     kv_len: int,
     scale: float,
     out: torch.Tensor,
-    block_k: int = 32,
+    block_k: int | None = None,
     num_warps: int | None = None,
-    num_stages: int = 2,
+    num_stages: int | None = None,
     counts: torch.Tensor | None = None,
     split: bool | None = None,
     chunk: int | None = None,
@@ -585,6 +585,9 @@ def rotary_attention(
     ``counts`` ([>= B * Hkv] int32, zero; left zero after the launch) lets a caller keep that tally in a
     buffer a CUDA graph holds.
 
+    ``block_k`` (cache slots a loop pass), ``num_warps`` and ``num_stages`` override the launch shape
+    (``launch_shape``).
+
     Offsets into the cache are int32 where the cache view spans fewer than 2^31 elements; ``wide`` forces
     int64 (the output bits are the same either way).
 
@@ -599,12 +602,12 @@ def rotary_attention(
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
     assert cos.is_contiguous() and sin.is_contiguous() and cos.shape[-1] == D and kv_len <= C
     # kv_len is a compile-time constant: the decoder uses a few cache-length buckets, each captured in its own
-    # graph, so each compiles once (and Triton's on-disk cache keeps it). Launch shape: the fastest of a sweep
-    # on an H200 at SmolLM2-135M's shapes (benchmarks/decode_kernels.py, and inside the rollout's steps
-    # benchmarks/attention_shapes.py): one warp per 64-wide head and 32-slot blocks, double-buffered.
+    # graph, so each compiles once (and Triton's on-disk cache keeps it).
     g_pad = max(triton.next_power_of_2(G), 16)  # an mma's narrow side
     if split is None:
         split = B * n_kv < 2 * sm_count(qkv.device)
+    shape = launch_shape(split)
+    block_k, num_stages = block_k or shape["block_k"], num_stages or shape["num_stages"]
     whole = triton.cdiv(kv_len, block_k) * block_k
     piece = min(triton.cdiv(chunk or SPLIT_CHUNK, block_k) * block_k, whole) if split else whole
     splits = triton.cdiv(kv_len, piece)
@@ -649,10 +652,20 @@ def rotary_attention(
         HIDDEN=stream.shape[1] if stream is not None else 1,
         HIDDEN_PAD=triton.next_power_of_2(stream.shape[1]) if stream is not None else 1,
         HAS_BIAS=bias is not None,
-        num_warps=num_warps or max(1, D // 64),
+        num_warps=num_warps or max(1, D // 64),  # one warp per 64-wide head
         num_stages=num_stages,
     )
     return out
+
+
+def launch_shape(split: bool) -> dict:
+    """Decode attention's default block and pipeline depth: the fastest inside the rollout's decode steps on an
+    H200 at SmolLM2-135M's shapes (benchmarks/attention_shapes.py at 512 rows, collection_timeline.py at every
+    width a collection passes through). A program over a row's whole cache (wide steps) reads 16-slot blocks
+    four deep: more reads in flight, and the twelve programs an SM gets at 512 rows still fit their 16 KB of
+    stages in its shared memory, where 32-slot blocks three or four deep (24-32 KB) would not. Split pieces
+    (narrow steps) are short, and 16-slot blocks there were slower: 32-slot blocks, double-buffered."""
+    return {"block_k": 32, "num_stages": 2} if split else {"block_k": 16, "num_stages": 4}
 
 
 def _elements(t: torch.Tensor) -> int:
