@@ -719,3 +719,35 @@ def test_kernel_resources_reads_the_sm90_build():
         assert 0 < regs <= 255 and shared > 0 and loop > 0
         assert per_sm == programs_per_sm(regs, shared, 1)
     assert programs_per_sm(162, 10240, 1) == 12  # what Nsight Compute reported for 32-slot blocks on an H200
+
+
+def test_step_counters_reads_an_h200_profile(capsys):
+    """The table of a committed Nsight Compute profile of one 512-row fused step on an H200: every kernel of the
+    step once (30 layers x 6 launches, the embedding gather, the final norm, lm_head, the sampler's two launches
+    and the step count), attention's 30 launches on one row with their grid, the shares adding up to one."""
+    from benchmarks.step_counters import main
+
+    rows = main(["--from-raw", str(ROOT / "benchmarks/results/generation-h200/call-28/ncu-step.txt.gz")])
+    assert sum(r["launches"] for r in rows) == 186
+    attention = rows[0]
+    assert (attention["kernel"], attention["grid"], attention["launches"]) == (
+        "_rotary_attention_kernel",
+        "(512, 3, 1)",
+        30,
+    )
+    assert 0 < attention["DRAM %"] < 100 and 0 < attention["waves"] < 1  # 1,536 one-warp programs: one wave
+    assert abs(sum(r["share"] for r in rows) - 1) < 1e-9
+    assert "186 kernels" in capsys.readouterr().out
+
+
+def test_step_counters_refuses_with_what_to_do(tmp_path, monkeypatch):
+    from benchmarks.step_counters import find_ncu, main
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SystemExit, match="install Nsight Compute on the GPU machine, or .* --from-raw FILE"):
+        find_ncu(places=[str(tmp_path / "ncu")])
+    with pytest.raises(SystemExit, match="--step 256 is not a decode step of the call: take 1 to 255"):
+        main(["--step", "256", "--from-raw", "x"])
+    (tmp_path / "log.txt").write_text("==PROF== Connected\nprofiled decode step 128 of 255\n")
+    with pytest.raises(SystemExit, match="holds no ncu --csv --page details table"):
+        main(["--from-raw", str(tmp_path / "log.txt")])
