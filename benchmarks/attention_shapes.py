@@ -31,7 +31,7 @@ from grpo_knobs.models import load_model
 from grpo_knobs.rollout import kernels
 from grpo_knobs.rollout.hf import HFEngine
 
-from benchmarks.rollout import fixed_length, question_prompts, split_call, timed_generate
+from benchmarks.rollout import cycled, fixed_length, question_prompts, split_call, timed_generate
 
 DEFAULT_ARM = "default"  # kernels.rotary_attention as the decoder calls it: its shape by width (launch_shape)
 FLAGS = ("wide",)
@@ -104,8 +104,7 @@ def main(argv=None) -> list[dict]:
 
     device = torch.device(args.device)
     model, tokenizer, info = load_model(args.model, device=device)
-    prompt_ids = question_prompts(tokenizer)
-    prompts = [prompt_ids[i % len(prompt_ids)] for i in range(args.batch)]
+    prompts = cycled(question_prompts(tokenizer), args.batch)
     kw = dict(device=device, max_batch_size=args.batch, fast="fused", return_logprobs=False)
     engines = {arm["name"]: HFEngine(model, tokenizer, **kw) for arm in arms}
     calls: dict[str, list[dict]] = {arm["name"]: [] for arm in arms}

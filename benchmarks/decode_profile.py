@@ -20,7 +20,7 @@ from grpo_knobs.models import load_model
 from grpo_knobs.rollout.hf import HFEngine
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.rollout import fixed_length, gpu_slug, question_prompts, timed_generate
+from benchmarks.rollout import cycled, fixed_length, gpu_slug, question_prompts, timed_generate
 
 PATHS = {"fast": True, "fused": "fused"}
 KINDS = [  # first match wins; kernel names are lower-cased
@@ -80,8 +80,7 @@ def main() -> None:
 
     device = torch.device(args.device)
     model, tokenizer, _ = load_model(args.model, device=device)
-    ids = question_prompts(tokenizer)
-    prompts = [ids[i % len(ids)] for i in range(args.batch)]
+    prompts = cycled(question_prompts(tokenizer), args.batch)
     rows = []
     for path in args.paths.split(","):
         graphed = HFEngine(model, tokenizer, device=device, max_batch_size=args.batch, fast=PATHS[path])

@@ -47,7 +47,7 @@ from grpo_knobs.rollout import kernels as K  # noqa: E402  (imports triton in th
 from transformers import AutoConfig, AutoTokenizer  # noqa: E402
 
 from benchmarks.attention_shapes import ARMS, parse_arms  # noqa: E402
-from benchmarks.rollout import question_prompts  # noqa: E402
+from benchmarks.rollout import cycled, question_prompts  # noqa: E402
 
 BUCKET = 64  # StaticDecoder's cache-length buckets
 
@@ -215,7 +215,7 @@ def block_passes(lengths: list[int], new_tokens: int, block_k: int, piece: int |
 def walk_estimate(rows: list[dict], arms: list[dict], folder, config, args) -> None:
     """Add each arm's block passes and estimated attention instructions a decode step of the rollout's call."""
     prompts = question_prompts(AutoTokenizer.from_pretrained(folder))
-    lengths = [len(prompts[i % len(prompts)]) for i in range(args.batch)]
+    lengths = [len(p) for p in cycled(prompts, args.batch)]
     steps, n_kv = args.new_tokens - 1, config.num_key_value_heads
     print(
         f"\nthe rollout benchmark's call: {args.batch} rows of its {len(prompts)} prompts ({min(lengths)}-"

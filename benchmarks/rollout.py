@@ -59,6 +59,11 @@ def question_prompts(tokenizer) -> list[list[int]]:
     ]
 
 
+def cycled(prompt_ids: list[list[int]], rows: int) -> list[list[int]]:
+    """``rows`` prompts, the given ones in turn: a batch of the benchmarks' prompts at any width."""
+    return [prompt_ids[i % len(prompt_ids)] for i in range(rows)]
+
+
 def gpu_slug(device: torch.device) -> str:
     if device.type != "cuda":
         return "cpu"
@@ -150,7 +155,7 @@ def split_call(engine: HFEngine, prompts, device: torch.device, new_tokens: int)
 def fused_agreement(model, tokenizer, device, prompt_ids, batch: int, max_new_tokens: int = 64) -> dict:
     """Greedy responses of the fast and fused paths side by side: the kernels' rounding differs, so
     responses may part after a near-tie, but log-probs on their shared prefix should agree closely."""
-    prompts = [prompt_ids[i % len(prompt_ids)] for i in range(min(batch, 64))]
+    prompts = cycled(prompt_ids, min(batch, 64))
     gens = {
         path: HFEngine(
             model, tokenizer, device=device, max_batch_size=len(prompts), fast=fast, return_logprobs=True
@@ -308,7 +313,7 @@ def main(argv=None) -> list[dict]:
     )
     rows = []
     for batch in batches:
-        prompts = [prompt_ids[i % len(prompt_ids)] for i in range(batch)]
+        prompts = cycled(prompt_ids, batch)
         seconds = {}
         for path, engine in engines.items():
             # warm-up with the timed shapes: the fast paths capture their graphs (and compile their

@@ -139,14 +139,13 @@ def target(args) -> None:
     from grpo_knobs.models import load_model
     from grpo_knobs.rollout.hf import HFEngine
 
-    from benchmarks.rollout import fixed_length, question_prompts
+    from benchmarks.rollout import cycled, fixed_length, question_prompts
 
     if not torch.cuda.is_available():
         raise SystemExit("--target profiles the fused CUDA path: run it on a GPU machine")
     device = torch.device("cuda")
     model, tokenizer, _ = load_model(args.model, device=device)
-    ids = question_prompts(tokenizer)
-    prompts = [ids[i % len(ids)] for i in range(args.batch)]
+    prompts = cycled(question_prompts(tokenizer), args.batch)
     engine = HFEngine(model, tokenizer, device=device, max_batch_size=args.batch, fast="fused")
     engine.decoder.use_graphs = False  # every kernel its own launch, as ncu measures them
     engine.generate(prompts, **fixed_length(args.new_tokens))  # Triton compiles, cuBLAS picks its kernels
