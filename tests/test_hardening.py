@@ -168,6 +168,54 @@ def test_workers_die_with_their_study(tmp_path):
     assert not any(_alive(w) for w in workers), "a worker outlived its study"
 
 
+_BURST_CHILD = """
+import sys
+from pathlib import Path
+from grpo_knobs.runtime import die_with_parent, interrupts
+die_with_parent()
+with interrupts():
+    try:
+        print("ready", flush=True)
+        while True:
+            sum(range(50))
+    except KeyboardInterrupt:  # inside the block, as a run records its interrupt
+        Path(sys.argv[1]).write_text("interrupted")
+"""
+_BURST_PARENT = """
+import subprocess, sys, threading, time
+from grpo_knobs.runtime import die_with_parent
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]], preexec_fn=die_with_parent,
+                         stdout=subprocess.PIPE, text=True)
+child.stdout.readline()
+for _ in range(64):
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_burst_of_parent_death_signals_ends_a_worker_once(tmp_path):
+    """A parent killed with 65 threads hands its child from thread to thread on the way out, and Linux sends the
+    child's parent-death SIGTERM at every hand-over, microseconds apart. The child must take that as one
+    interrupt and finish its clean-up: no handler waiting on a lock its interrupted self holds, no second
+    KeyboardInterrupt inside the clean-up."""
+    for trial in range(10):
+        done = tmp_path / f"done-{trial}"
+        args = [sys.executable, "-c", _BURST_PARENT, _BURST_CHILD, str(done)]
+        parent = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=_env())
+        child = int(parent.stdout.readline())
+        parent.kill()
+        parent.wait()
+        deadline = time.time() + 20
+        while _alive(child) and time.time() < deadline:
+            time.sleep(0.05)
+        outlived = _alive(child)
+        if outlived:
+            os.kill(child, signal.SIGKILL)
+        assert done.exists(), f"trial {trial}: the child {'outlived its parent' if outlived else 'died uncleanly'}"
+
+
 # ----------------------------------------------------------------------------- crash-safe state
 def _run_killed(cfg: RunConfig, patch: str) -> None:
     """Run ``cfg`` in a fresh process whose ``patch`` code SIGKILLs it at one exact point."""

@@ -14,6 +14,7 @@ import random
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -131,7 +132,8 @@ def sync_cuda() -> None:
 
 
 def die_with_parent() -> None:
-    """Ask Linux to send this process SIGTERM when its parent exits (no-op elsewhere).
+    """Ask Linux to send this process SIGTERM when its parent exits (no-op elsewhere). Linux sends it
+    again for each thread of the parent that this process is handed to on the parent's way out.
 
     Used as ``preexec_fn`` of study workers, and by processes that find ``DIE_WITH_PARENT_ENV``
     set (a papermill kernel started by such a worker).
@@ -144,21 +146,27 @@ def die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-# Set by the first SIGINT or SIGTERM inside ``interrupts()``. The KeyboardInterrupt the handler raises can be
-# lost: Python drops an exception raised inside a finalizer (``__del__``, a generator being collected) and
-# carries on. The flag is not lost, and long loops call ``check_interrupted()`` at their safe points.
-_INTERRUPTED = threading.Event()
+# When the first SIGINT or SIGTERM inside ``interrupts()`` arrived (time.monotonic()), or None. The
+# KeyboardInterrupt the handler raises can be lost: Python drops an exception raised inside a finalizer
+# (``__del__``, a generator being collected) and carries on. The flag is not lost, and long loops call
+# ``check_interrupted()`` at their safe points. A plain value, not a threading.Event: setting an Event takes
+# a lock, and a signal arriving while the handler holds it runs the handler again, which then waits on that
+# lock forever.
+_first_signal: float | None = None
 _depth = 0
+# Signals within this many seconds of the first are the same event: a parent that dies sends its
+# children's parent-death signal once for each of its threads, a burst within microseconds.
+SAME_EVENT_SECONDS = 0.5
 
 
 def interrupted() -> bool:
     """Whether an interrupt arrived inside the current ``interrupts()`` block."""
-    return _INTERRUPTED.is_set()
+    return _first_signal is not None
 
 
 def check_interrupted() -> None:
     """Raise KeyboardInterrupt if an interrupt arrived, even one whose own exception was swallowed."""
-    if _INTERRUPTED.is_set():
+    if _first_signal is not None:
         raise KeyboardInterrupt("interrupted")
 
 
@@ -171,6 +179,8 @@ def interrupts(on_first: Callable[[], bool] | None = None, keep_ignored: bool = 
     Args:
         on_first: called at the first signal instead of raising, when it returns True (it passed the
             interrupt on, e.g. to a notebook kernel that then stops by itself); a second signal raises.
+            Signals within ``SAME_EVENT_SECONDS`` of the first count as the first: they neither raise
+            again nor interrupt the clean-up the first one started.
         keep_ignored: leave SIGINT ignored where this process inherited it ignored, as Python does (a
             shell starts background jobs so: the terminal's Ctrl-C is not theirs). A study's workers pass
             False: their study sends them SIGINT on purpose.
@@ -178,20 +188,24 @@ def interrupts(on_first: Callable[[], bool] | None = None, keep_ignored: bool = 
     A no-op outside the main thread (only it receives signals). Nested blocks share the flag, which the
     outermost block clears on entry.
     """
-    global _depth
+    global _depth, _first_signal
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum, frame):
-        first = not _INTERRUPTED.is_set()
-        _INTERRUPTED.set()
-        if first and on_first is not None and on_first():
+        global _first_signal
+        now = time.monotonic()
+        if _first_signal is None:
+            _first_signal = now
+            if on_first is not None and on_first():
+                return
+        elif now - _first_signal < SAME_EVENT_SECONDS:
             return
         raise KeyboardInterrupt("terminated" if signum == signal.SIGTERM else "interrupted")
 
     if _depth == 0:
-        _INTERRUPTED.clear()
+        _first_signal = None
     sigs = [signal.SIGTERM]
     if not (keep_ignored and signal.getsignal(signal.SIGINT) == signal.SIG_IGN):
         sigs.append(signal.SIGINT)
