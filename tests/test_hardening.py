@@ -137,6 +137,14 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _outliving(pids: list[int], seconds: float) -> list[int]:
+    """The processes of ``pids`` still alive after waiting up to ``seconds`` for them to end."""
+    deadline = time.time() + seconds
+    while any(_alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_workers_die_with_their_study(tmp_path):
     plan = _write_plan(tmp_path / "plan.yaml", screening={"arms": ["t-small", "t-split"], "response_budget": 64})
@@ -162,10 +170,7 @@ def test_workers_die_with_their_study(tmp_path):
     workers = _children(parent.pid)
     parent.kill()
     parent.wait()
-    deadline = time.time() + 30
-    while any(_alive(w) for w in workers) and time.time() < deadline:
-        time.sleep(0.1)
-    assert not any(_alive(w) for w in workers), "a worker outlived its study"
+    assert not _outliving(workers, 30), "a worker outlived its study"
 
 
 _BURST_CHILD = """
@@ -207,10 +212,7 @@ def test_a_burst_of_parent_death_signals_ends_a_worker_once(tmp_path):
         child = int(parent.stdout.readline())
         parent.kill()
         parent.wait()
-        deadline = time.time() + 20
-        while _alive(child) and time.time() < deadline:
-            time.sleep(0.05)
-        outlived = _alive(child)
+        outlived = bool(_outliving([child], 20))
         if outlived:
             os.kill(child, signal.SIGKILL)
         assert done.exists(), f"trial {trial}: the child {'outlived its parent' if outlived else 'died uncleanly'}"
