@@ -14,6 +14,8 @@ for how a kernel runs, the rollout benchmark for how long a step takes.
 
     python -m benchmarks.step_counters --batch 512 --step 128 --raw step.txt   # runs ncu on this module
     python -m benchmarks.step_counters --from-raw step.txt                     # the table of an earlier run
+    python -m benchmarks.step_counters --from-raw step.txt --plot step-time.png \
+        --mark "the bandwidth bound=0.50" --mark "the graphed step=1.446"          # and its step as one bar
 """
 
 from __future__ import annotations
@@ -117,6 +119,73 @@ def print_table(rows: list[dict], source: str) -> None:
         print(f"{r['kernel'][:44]:<44} {r['grid']:>12} {r['launches']:>3} {r['us']:8.1f} {r['share']:6.1%}{cells}")
 
 
+def part_of(row: dict) -> str:
+    """The part of a decode step a kernel row belongs to. A cuBLAS product launched once a step is lm_head;
+    the layers' products are launched once or twice a layer."""
+    name = row["kernel"]
+    if name.startswith("_rotary_attention"):
+        return "attention"
+    if name.startswith(("nvjet", "sm90_", "cutlass")):
+        return "lm_head" if row["launches"] == 1 else "layer products (cuBLAS)"
+    if "silu" in name:
+        return "SiLU-gate"
+    if "sample" in name:
+        return "sampler"
+    return "other"
+
+
+PART_COLORS = {
+    "attention": "#4C72B0",
+    "layer products (cuBLAS)": "#DD8452",
+    "SiLU-gate": "#55A868",
+    "lm_head": "#C44E52",
+    "sampler": "#8172B3",
+    "other": "#937860",
+}
+
+
+def plot_step(rows: list[dict], marks: list[tuple[str, float]], path: Path, title: str) -> list[Path]:
+    """One horizontal bar of the step's kernel time by part (ms), with a dashed line at each (label, ms) mark;
+    written as PNG and SVG beside ``path``."""
+    import matplotlib.pyplot as plt
+    from grpo_knobs.plots import configure, save_figure
+
+    configure()
+    parts = defaultdict(float)
+    for r in rows:
+        parts[part_of(r)] += r["us"] / 1e3
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    left = 0.0
+    for part, color in PART_COLORS.items():
+        ms = parts.get(part, 0.0)
+        if ms == 0:
+            continue
+        ax.barh(0, ms, left=left, height=0.5, color=color, edgecolor="white", label=f"{part}: {ms:.2f} ms")
+        if ms > 0.2:
+            ax.text(left + ms / 2, 0, f"{part}\n{ms:.2f} ms", ha="center", va="center", fontsize=8, color="white")
+        left += ms
+    for i, (label, ms) in enumerate(marks):
+        ax.axvline(ms, color="black", linestyle="--", linewidth=1)
+        ax.text(ms, 0.3 + 0.13 * i, f"{label}: {ms:g} ms ", fontsize=8, va="bottom", ha="right")
+    ax.set_xlim(0, max([left, *(ms for _, ms in marks)]) * 1.03)
+    ax.set_ylim(-0.35, 0.35 + 0.13 * len(marks))
+    ax.set_yticks([])
+    ax.set_xlabel(f"ms of one decode step (the kernels' sum: {left:.2f} ms)")
+    ax.set_title(title)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3, frameon=False)
+    paths = save_figure(fig, path.parent, path.stem)
+    plt.close(fig)
+    return paths
+
+
+def parse_mark(text: str) -> tuple[str, float]:
+    label, sep, ms = text.rpartition("=")
+    try:
+        return label, float(ms) if sep and label else float("x")
+    except ValueError:
+        raise SystemExit(f"--mark {text!r}: write it as LABEL=MS, e.g. --mark 'the graphed step=1.446'") from None
+
+
 def profile(args) -> Path:
     """Run ncu over this module's --target mode; its stdout (the table among the program's lines) to --raw."""
     ncu = find_ncu()
@@ -175,10 +244,14 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--raw", type=Path, default=Path("step-counters.txt"), help="where ncu's output goes")
     ap.add_argument("--from-raw", type=Path, default=None, help="print the table of an earlier --raw file")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--plot", type=Path, default=None, help="draw the step's kernel time by part (PNG and SVG)")
+    ap.add_argument("--mark", action="append", default=[], help="LABEL=MS: a dashed line on the plot (repeatable)")
+    ap.add_argument("--title", default="Where a decode step's kernel time goes (each kernel replayed alone)")
     ap.add_argument("--target", action="store_true", help=argparse.SUPPRESS)  # the program ncu runs
     args = ap.parse_args(argv)
     if not 1 <= args.step < args.new_tokens:
         raise SystemExit(f"--step {args.step} is not a decode step of the call: take 1 to {args.new_tokens - 1}")
+    marks = [parse_mark(m) for m in args.mark]
     if args.target:
         target(args)
         return []
@@ -189,6 +262,9 @@ def main(argv=None) -> list[dict]:
     print_table(rows, str(raw))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    if args.plot:
+        for path in plot_step(rows, marks, args.plot, args.title):
+            print(f"wrote {path}")
     return rows
 
 

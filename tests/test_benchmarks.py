@@ -740,6 +740,29 @@ def test_step_counters_reads_an_h200_profile(capsys):
     assert "186 kernels" in capsys.readouterr().out
 
 
+def test_step_counters_draws_the_step_by_part(tmp_path):
+    """The committed H200 profile drawn as one bar: attention, the layers' products, SiLU-gate, lm_head, the
+    sampler and the rest, adding up to the kernels' sum; PNG and SVG written; a mark without a number refused."""
+    from benchmarks.step_counters import main, part_of
+
+    raw = str(ROOT / "benchmarks/results/generation-h200/call-28/ncu-step.txt.gz")
+    rows = main(["--from-raw", raw, "--plot", str(tmp_path / "step.png"), "--mark", "the graphed step=1.446"])
+    assert (tmp_path / "step.png").stat().st_size > 0 and (tmp_path / "step.svg").stat().st_size > 0
+    parts = {}
+    for r in rows:
+        parts[part_of(r)] = parts.get(part_of(r), 0) + r["launches"]
+    assert parts == {
+        "attention": 30,
+        "layer products (cuBLAS)": 120,
+        "SiLU-gate": 30,
+        "lm_head": 1,
+        "sampler": 2,
+        "other": 3,
+    }
+    with pytest.raises(SystemExit, match="--mark 'graphed': write it as LABEL=MS"):
+        main(["--from-raw", raw, "--mark", "graphed"])
+
+
 def test_step_counters_refuses_with_what_to_do(tmp_path, monkeypatch):
     from benchmarks.step_counters import find_ncu, main
 
