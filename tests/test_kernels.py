@@ -49,8 +49,20 @@ def test_rotary_attention_writes_its_slot_and_attends_prompt_decodes_and_itself(
     bucket, so its loads are masked). With share, row b's prompt slots (keys and values) are row share[b]'s
     and the rest its own; the padding before the prompt is masked whatever those slots hold. 32- and
     64-bit offsets give the same attention."""
+    check_rotary_attention(kv_len, step, split, share, variant, n_q=6, n_kv=2)  # 3 query heads a KV head
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("n_q, n_kv", [(2, 2), (12, 2), (16, 2)], ids=["g1", "g6", "g8"])
+def test_rotary_attention_takes_any_group_of_query_heads(split, n_q, n_kv):
+    """The query heads of a KV head are padded to 16 rows of an mma: one head a group, six and eight attend as
+    plain torch does."""
+    check_rotary_attention(40, 20, split, [3, 1, 0], "default", n_q=n_q, n_kv=n_kv)
+
+
+def check_rotary_attention(kv_len, step, split, share, variant, n_q, n_kv):
     g = torch.Generator(DEVICE).manual_seed(2)
-    B, n_q, n_kv, D, C = 3, 6, 2, 32, 70  # 3 query heads per KV head (padded to 16 rows in the kernel)
+    B, D, C = 3, 32, 70
     P = 9  # prompt slots 0..8, then decoded tokens; this token goes to slot P - 1 + step
     slot = P - 1 + step
     counts = torch.zeros(B * n_kv, dtype=torch.int32)
