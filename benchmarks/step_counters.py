@@ -179,11 +179,14 @@ def plot_step(rows: list[dict], marks: list[tuple[str, float]], path: Path, titl
 
 
 def parse_mark(text: str) -> tuple[str, float]:
-    label, sep, ms = text.rpartition("=")
+    """'the graphed step=1.446' -> ('the graphed step', 1.446); SystemExit saying how to write one."""
+    label, _, ms = text.rpartition("=")
     try:
-        return label, float(ms) if sep and label else float("x")
+        if label:
+            return label, float(ms)
     except ValueError:
-        raise SystemExit(f"--mark {text!r}: write it as LABEL=MS, e.g. --mark 'the graphed step=1.446'") from None
+        pass
+    raise SystemExit(f"--mark {text!r}: write it as LABEL=MS, e.g. --mark 'the graphed step=1.446'")
 
 
 def profile(args) -> Path:
@@ -244,7 +247,12 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--raw", type=Path, default=Path("step-counters.txt"), help="where ncu's output goes")
     ap.add_argument("--from-raw", type=Path, default=None, help="print the table of an earlier --raw file")
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--plot", type=Path, default=None, help="draw the step's kernel time by part (PNG and SVG)")
+    ap.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        help="draw the step's kernel time by part: PNG and SVG named after this path",
+    )
     ap.add_argument("--mark", action="append", default=[], help="LABEL=MS: a dashed line on the plot (repeatable)")
     ap.add_argument("--title", default="Where a decode step's kernel time goes (each kernel replayed alone)")
     ap.add_argument("--target", action="store_true", help=argparse.SUPPRESS)  # the program ncu runs
