@@ -16,3 +16,7 @@ timeout 100 /usr/local/cuda/bin/ncu --clock-control none --profile-from-start of
 /usr/local/cuda/bin/ncu --import attn.ncu-rep --page source --csv --print-source sass > source.csv 2>&1
 # committed as source.csv.gz (the .ncu-rep itself, 1.6 MB, is not); on the development machine:
 python stalls.py source.csv.gz > stalls.log
+
+# scores-keys-by-queries.diff: attn_pdl.py's "trans" arm written into the library's kernel (whole and split
+# launches, the query heads padded to 4); checked on the development machine only (the interpreter's attention
+# tests, the sm_90 compile test), not run on a GPU, not in the library.
