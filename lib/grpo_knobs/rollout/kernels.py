@@ -443,6 +443,7 @@ def _rotary_attention_kernel(
     m_i = tl.full([G_PAD], -1.0e30, tl.float32)  # running max (finite: a piece with no slots stays harmless)
     l_i = tl.zeros([G_PAD], tl.float32)  # running softmax denominator
     acc = tl.zeros([G_PAD, D], tl.float32)
+    q_t = tl.trans(q)  # [D, G_PAD]
     # Only the blocks from the one holding the row's first real prompt slot to the one holding this token, a
     # run-time range (the interpreter walks it through _interpreter_loop_bounds): the left padding's blocks
     # and the bucket's tail would add exactly nothing, so the output bits are a whole piece's.
@@ -464,17 +465,18 @@ def _rotary_attention_kernel(
             live = (ks < KV_LEN)[:, None]
             other = 0.0
         k = tl.load(k_ptr + at, mask=live, other=other)  # [BLOCK_K, D]
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [G_PAD, BLOCK_K] float32
-        s = tl.where(ok[None, :], s * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # [G_PAD]
+        # Scores as keys x queries: the block's slots on the mma's long side, the G query heads padded to G_PAD
+        # on its short one; half the products and padded softmax rows of queries x keys. (Some sums run in another
+        # order than theirs: about one output in 10^5 lands one bf16 step apart.)
+        s = tl.dot(k, q_t, input_precision=PRECISION)  # [BLOCK_K, G_PAD] float32
+        s = tl.where(ok[:, None], s * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))  # [G_PAD]
         alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])  # [G_PAD, BLOCK_K]
-        acc = acc * alpha[:, None]
-        l_i = l_i * alpha
+        p = tl.exp(s - m_new[None, :])  # [BLOCK_K, G_PAD]
+        l_i = l_i * alpha + tl.sum(p, axis=0)
         m_i = m_new
         v = tl.load(v_ptr + at, mask=live, other=other)  # [BLOCK_K, D]
-        acc += tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # [G_PAD, D]
-        l_i += tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(tl.trans(p.to(v.dtype)), v, input_precision=PRECISION)  # [G_PAD, D]
     o_rows = o_ptr + (b * N_Q + j * G + g) * D + d[None, :]  # [G_PAD, D]
     if SPLITS == 1:
         _attend_self(q, k_new, v_new, m_i, l_i, acc, scale, o_rows, is_q)
@@ -603,7 +605,7 @@ def rotary_attention(
     assert cos.is_contiguous() and sin.is_contiguous() and cos.shape[-1] == D and kv_len <= C
     # kv_len is a compile-time constant: the decoder uses a few cache-length buckets, each captured in its own
     # graph, so each compiles once (and Triton's on-disk cache keeps it).
-    g_pad = max(triton.next_power_of_2(G), 16)  # an mma's narrow side
+    g_pad = max(triton.next_power_of_2(G), 4)  # the score product's short side (an mma pads it to 8)
     if split is None:
         split = B * n_kv < 2 * sm_count(qkv.device)
     shape = launch_shape(split)
