@@ -55,8 +55,8 @@ def test_rotary_attention_writes_its_slot_and_attends_prompt_decodes_and_itself(
 @pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("n_q, n_kv", [(2, 2), (12, 2), (16, 2)], ids=["g1", "g6", "g8"])
 def test_rotary_attention_takes_any_group_of_query_heads(split, n_q, n_kv):
-    """The query heads of a KV head are padded to 16 rows of an mma: one head a group, six and eight attend as
-    plain torch does."""
+    """The query heads of a KV head are padded to a power of two, at least 4 (the score product's short side):
+    one head a group, six and eight attend as plain torch does."""
     check_rotary_attention(40, 20, split, [3, 1, 0], "default", n_q=n_q, n_kv=n_kv)
 
 
