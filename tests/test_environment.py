@@ -67,9 +67,11 @@ def test_every_relative_link_of_the_docs_resolves():
 
 
 def test_the_product_points_at_nothing_beside_the_checkout():
-    """A clone stands alone: the library (its notebooks and data included), the docs, the benchmarks and the
-    build files never send a reader or a path to a folder beside the checkout, which a user does not have."""
+    """A clone stands alone: the library (its notebooks and data included), the docs, the benchmarks, the
+    executed analysis notebooks under figures/ and the build files never send a reader or a path to a folder
+    beside the checkout, which a user does not have."""
     files = [ROOT / name for name in ("README.md", "Makefile", "pyproject.toml", "environment.yml")]
     files += [*(ROOT / "lib").rglob("*"), *(ROOT / "docs").rglob("*"), *(ROOT / "benchmarks").glob("*.py")]
+    files += (ROOT / "figures").rglob("*.ipynb")
     pointing = [str(f.relative_to(ROOT)) for f in files if f.is_file() and b"../shared" in f.read_bytes()]
     assert pointing == []
