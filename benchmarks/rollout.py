@@ -3,9 +3,11 @@
 For each batch size the same prompts run through each HF engine path (eager, fast, fused), each for exactly
 `new_tokens` decode steps (EOS ignored) so the rates compare. A decode step must read every weight and each row's
 KV cache once, so bandwidth / bytes-per-step bounds the step rate; the fast path's fraction of that bound says
-how much is left to gain. Prints a table and writes the rows as JSON. Under each row, a second call of each
-static-decoder path split into its parts (before the first step, the decode steps, between them, the host work)
-gives the decode steps' own fraction of the bound beside the call's.
+how much is left to gain. Each path's timed call runs `--repeats` times after a warm-up and the median counts
+(a single call's host work varies by tens of ms between calls; the calls' own figures are kept in the JSON).
+Prints a table and writes the rows as JSON. Under each row, one more call of each static-decoder path split into
+its parts (before the first step, the decode steps, between them, the host work) gives the decode steps' own
+fraction of the bound beside the call's.
 
     python -m benchmarks.rollout --batches 64,128,256,512,1024 --new-tokens 256 \
         --out lib/grpo_knobs/datasets/rollout-benchmarks/rollout-h200.json
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import time
 from pathlib import Path
 
@@ -275,7 +278,10 @@ def main(argv=None) -> list[dict]:
         "written to <out stem>-<task>.json",
     )
     ap.add_argument("--group", type=int, default=8, help="samples per prompt in --task collections")
+    ap.add_argument("--repeats", type=int, default=3, help="timed calls per path and batch; the median counts")
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats must be at least 1, got {args.repeats}")
 
     device = torch.device(args.device)
     batches = [int(b) for b in args.batches.split(",")]
@@ -314,12 +320,16 @@ def main(argv=None) -> list[dict]:
     rows = []
     for batch in batches:
         prompts = cycled(prompt_ids, batch)
-        seconds = {}
+        seconds, calls = {}, {}
         for path, engine in engines.items():
             # warm-up with the timed shapes: the fast paths capture their graphs (and compile their
             # kernels) here, eager warms cuBLAS
             timed_generate(engine, prompts, device, **fixed_length(args.new_tokens if path != "eager" else 4))
-            seconds[path], _ = timed_generate(engine, prompts, device, **fixed_length(args.new_tokens))
+            calls[path] = [
+                timed_generate(engine, prompts, device, **fixed_length(args.new_tokens))[0]
+                for _ in range(args.repeats)
+            ]
+            seconds[path] = statistics.median(calls[path])
         tokens = batch * args.new_tokens
         bound = bound_tokens_per_s(engines["fast"].model, batch, prompt_tokens, args.new_tokens, bw, kv_bytes)
         row = {
@@ -332,6 +342,7 @@ def main(argv=None) -> list[dict]:
         for path in paths:
             row[f"{path}_tokens_per_s"] = tokens / seconds[path]
             row[f"{path}_ms_per_step"] = 1e3 * seconds[path] / args.new_tokens
+            row[f"{path}_calls_ms_per_step"] = [1e3 * t / args.new_tokens for t in calls[path]]
         for path in paths[1:]:
             row[f"{path}_over_eager"] = seconds["eager"] / seconds[path]
             row[f"{path}_fraction_of_bound"] = tokens / seconds[path] / bound
@@ -360,6 +371,14 @@ def main(argv=None) -> list[dict]:
             + f" {bound:>12,.0f} "
             + " ".join(f"{row[p + '_fraction_of_bound']:>11.1%}" for p in paths[1:])
         )
+        if args.repeats > 1:
+            print(
+                f"{'':>6} ms/step over {args.repeats} calls, lowest-highest: "
+                + ", ".join(
+                    f"{p} {min(row[p + '_calls_ms_per_step']):.2f}-{max(row[p + '_calls_ms_per_step']):.2f}"
+                    for p in paths
+                )
+            )
         for p in paths[1:]:
             sp = row[f"{p}_split"]
             print(
@@ -379,8 +398,9 @@ def main(argv=None) -> list[dict]:
         for row in rows:
             row["fused_agreement"] = agreement
     print(
-        "ms/step is wall time / decode steps, prefill included; the bound counts weights + KV reads only. "
-        "The indented lines split a second call of each path (CUDA events on the stream, host work as wall time)."
+        f"ms/step is wall time / decode steps, prefill included, the median of {args.repeats} call(s); the bound "
+        "counts weights + KV reads only. "
+        "The indented lines split one more call of each path (CUDA events on the stream, host work as wall time)."
     )
     out = Path(args.out or f"benchmarks/results/rollout-{gpu}.json")
     out.parent.mkdir(parents=True, exist_ok=True)

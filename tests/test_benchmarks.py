@@ -69,6 +69,9 @@ def test_rollout_benchmark_cpu(tmp_path):
             "fused_over_fast",
         ):
             assert r[field] > 0
+        for path in ("eager", "fast", "fused"):  # three timed calls a path by default; the median counts
+            calls = r[f"{path}_calls_ms_per_step"]
+            assert len(calls) == 3 and r[f"{path}_ms_per_step"] == sorted(calls)[1]
         assert r["fused_agreement"]["identical_fraction"] == 1.0  # float32 on CPU: the same greedy text
         for path in ("fast", "fused"):
             split = r[f"{path}_split"]
@@ -90,6 +93,11 @@ def test_rollout_benchmark_cpu(tmp_path):
         assert r["task"] == "countdown-2x10" and r["temperature"] == 1.0
         for path in ("fast", "compact", "fused"):
             assert r[f"{path}_tokens_per_s"] > 0 and 1 <= r[f"{path}_response_length_max"] <= 8
+
+
+def test_rollout_benchmark_refuses_no_timed_calls():
+    proc = run_in_root(["-m", "benchmarks.rollout", "--device", "cpu", "--repeats", "0"])
+    assert proc.returncode != 0 and "--repeats must be at least 1, got 0" in proc.stderr
 
 
 def test_train_benchmark_cpu(tmp_path):
