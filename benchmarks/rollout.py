@@ -198,10 +198,12 @@ def study_rollouts(
     gpu: str,
     model_name: str,
     out: Path | None = None,
+    repeats: int = 1,
 ) -> list[dict]:
     """Collections as a run generates them: train prompts of ``task`` x ``group`` samples at T = 1, stopping
     at EOS. Response lengths are then uneven (a few run to the cap), which is where dropping finished
-    rows pays; the fixed-length table above cannot show it."""
+    rows pays; the fixed-length table above cannot show it. Each path's collection is timed ``repeats``
+    times with one seed (the same responses each time) and the median counts."""
     from grpo_knobs.data import load_split
     from grpo_knobs.evaluation import encode_prompts
 
@@ -232,13 +234,18 @@ def study_rollouts(
         for name, engine in engines.items():
             kw = dict(n=group, max_new_tokens=max_new_tokens, temperature=1.0, seed=batch)
             engine.generate(prompts, **kw)  # warm-up with the timed shapes (graph capture)
-            before = engine.decoder.compactions
-            seconds, gen = timed_generate(engine, prompts, device, **kw)
+            calls = []
+            for _ in range(repeats):
+                before = engine.decoder.compactions
+                seconds, gen = timed_generate(engine, prompts, device, **kw)
+                calls.append(seconds)
+            seconds = statistics.median(calls)
             lengths = [len(t) for t in gen.token_ids]
             row |= {
                 f"{name}_tokens_per_s": sum(lengths) / seconds,
                 f"{name}_seconds": seconds,
-                f"{name}_compactions": engine.decoder.compactions - before,
+                f"{name}_calls_seconds": calls,
+                f"{name}_compactions": engine.decoder.compactions - before,  # in one collection
                 f"{name}_response_length_mean": sum(lengths) / len(lengths),
                 f"{name}_response_length_max": max(lengths),
             }
@@ -278,7 +285,12 @@ def main(argv=None) -> list[dict]:
         "written to <out stem>-<task>.json",
     )
     ap.add_argument("--group", type=int, default=8, help="samples per prompt in --task collections")
-    ap.add_argument("--repeats", type=int, default=3, help="timed calls per path and batch; the median counts")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="timed calls per path and batch (and --task collection); the median counts",
+    )
     args = ap.parse_args(argv)
     if args.repeats < 1:
         raise SystemExit(f"--repeats must be at least 1, got {args.repeats}")
@@ -409,7 +421,17 @@ def main(argv=None) -> list[dict]:
     if args.task:
         study_out = out.with_name(f"{out.stem}-{args.task}.json")
         study_rollouts(
-            model, tokenizer, device, args.task, batches, args.group, args.new_tokens, gpu, info.name, out=study_out
+            model,
+            tokenizer,
+            device,
+            args.task,
+            batches,
+            args.group,
+            args.new_tokens,
+            gpu,
+            info.name,
+            out=study_out,
+            repeats=args.repeats,
         )
         print(f"wrote {study_out}")
     return rows
