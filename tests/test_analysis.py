@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from grpo_knobs import analysis as an
-from grpo_knobs import plots
+from grpo_knobs import locations, plots
 from grpo_knobs.study.notebooks import ANALYSIS_NOTEBOOKS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -746,6 +746,19 @@ def test_load_study_ignores_output_folders_and_skips_runs_without_records(tmp_pa
     assert loaded.skipped.to_dict("records") == [
         {"run_id": "countdown-screening-split-2-s0", "status": "complete, but no evals.parquet"}
     ]
+
+
+def test_shipped_rollout_benchmarks_describe_runs_on_their_own_gpu():
+    """Notebook 56 reads every shipped table: runs on an H100 get the H100's rows, runs on an H200 the H200's."""
+    shipped = an.load_rollout_benchmark(locations.ROLLOUT_BENCHMARKS / "rollout-*.json")
+    for run_gpu, rows_gpu in (("NVIDIA H100 80GB HBM3", "h100-80gb-hbm3"), ("NVIDIA H200", "h200")):
+        runs = pd.DataFrame({"model": ["smollm2-135m-instruct"], "device": ["cuda"], "gpu": [run_gpu]})
+        rows, note = an.select_benchmark(shipped, runs)
+        assert note is None and set(rows["gpu"]) == {rows_gpu}
+        assert rows["batch"].is_monotonic_increasing and rows["batch"].is_unique and 512 in set(rows["batch"])
+        assert (rows["fused_tokens_per_s"] > rows["fast_tokens_per_s"]).all()
+        assert (rows["fast_tokens_per_s"] > rows["eager_tokens_per_s"]).all()
+        assert (rows["fused_tokens_per_s"] < rows["bandwidth_bound_tokens_per_s"]).all()
 
 
 def test_select_benchmark_matches_model_and_gpu():

@@ -88,8 +88,8 @@ def test_an_installed_package_reads_its_own_files_from_any_directory(installed, 
     assert Path(found["package"]).is_relative_to(installed)
     # no checkout, so no git commit of some enclosing repository; the shipped GSM8K passes its manifest's hash
     assert found == found | {"checkout": "None", "commit": None, "test_rows": 1319, "reference": True}
-    # the critical-batch notebook's throughput panel reads the shipped rollout benchmark
-    assert found["rollout"] == ["h200"] and Path(found["rollout_in"]).is_relative_to(installed)
+    # the critical-batch notebook's throughput panel reads the shipped rollout benchmarks
+    assert found["rollout"] == ["h100-80gb-hbm3", "h200"] and Path(found["rollout_in"]).is_relative_to(installed)
 
     plan = _cli("plan", "smoke", "--json", cwd=tmp_path, pythonpath=installed)
     assert plan.returncode == 0, plan.stderr
