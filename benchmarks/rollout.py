@@ -335,14 +335,14 @@ def main(argv=None) -> list[dict]:
         prompts = cycled(prompt_ids, batch)
         seconds, calls, warmups = {}, {}, {}
         for path, engine in engines.items():
-            # a warm-up call of the timed length: the fast paths capture their graphs (and compile their
-            # kernels); eager's cache grows to its full length, so the allocator holds those blocks (after a
-            # 4-token warm-up, eager's first timed call at 512 rows took 2.7-2.8x its next on two H100s)
-            warmups[path] = timed_generate(engine, prompts, device, **fixed_length(args.new_tokens))[0]
-            calls[path] = [
+            # the first call is the warm-up, of the timed length: the fast paths capture their graphs (and
+            # compile their kernels); eager's cache grows to its full length, so the allocator holds those blocks
+            # (after a 4-token warm-up, eager's first timed call at 512 rows took 2.7-2.8x its next on two H100s)
+            times = [
                 timed_generate(engine, prompts, device, **fixed_length(args.new_tokens))[0]
-                for _ in range(args.repeats)
+                for _ in range(1 + args.repeats)
             ]
+            warmups[path], calls[path] = times[0], times[1:]
             seconds[path] = statistics.median(calls[path])
         tokens = batch * args.new_tokens
         bound = bound_tokens_per_s(engines["fast"].model, batch, prompt_tokens, args.new_tokens, bw, kv_bytes)
