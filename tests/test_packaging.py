@@ -174,6 +174,24 @@ def test_analysis_in_a_workspace_runs_its_notebooks_without_kernel_warnings(tmp_
     assert "without encryption" not in stderr and "WARNING" not in stderr, stderr
 
 
+def test_analysis_names_folders_under_the_project_relative_to_it(tmp_path, monkeypatch):
+    """Executed notebooks are committed and shared: a study and figures inside the project are named by their
+    paths relative to it (the kernel's cwd), not by this machine's absolute folders."""
+    assert _cli("init", "ws", cwd=tmp_path).returncode == 0
+    ws = tmp_path / "ws"
+    shutil.copytree(SYNTHETIC_STUDY, ws / "results" / "study")
+    monkeypatch.chdir(ws)
+    (written,) = run_analysis("results/study", "figures/study", notebooks=["51_confirmation"], progress=False)
+    assert written == ws / "figures" / "study" / "51_confirmation.ipynb"
+    executed = nbformat.read(written, as_version=4)
+    record = executed.metadata["papermill"]
+    assert record["parameters"] == {"study_dir": "results/study", "out_dir": "figures/study"}
+    assert record["input_path"] == "notebooks/51_confirmation.ipynb"  # the workspace's copy
+    assert record["output_path"] == "figures/study/51_confirmation.ipynb"
+    assert str(tmp_path) not in json.dumps(executed)
+    assert (ws / "figures" / "study" / "confirmation_runs_countdown.csv").is_file()  # written where out_dir names
+
+
 def test_ray_tasks_use_the_drivers_workspace(tmp_path, monkeypatch):
     """A Ray task starts in another folder: the driver passes its workspace, where the task finds the notebook."""
     from grpo_knobs.study.scheduling import _runtime_env

@@ -363,6 +363,7 @@ def test_run_analysis_adds_notebook_59_where_the_study_registered_an_analysis(tm
     monkeypatch.setattr(
         study_notebooks, "execute_notebook", lambda source, target, **kw: ran.append(Path(target).stem)
     )
+    monkeypatch.setattr(study_notebooks, "_tidy_executed", lambda target, root: None)  # nothing was executed
     registered = tmp_path / "registered"
     study.run_study(_fixed_plan(tmp_path / "plan.yaml", ANALYSIS), phases=["selection"], study_dir=registered)
     study.run_analysis(registered, progress=False)

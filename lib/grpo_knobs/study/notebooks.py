@@ -69,9 +69,10 @@ def run_analysis(
     targets = recorded.get("targets", {})
     if notebooks is None:
         notebooks = ANALYSIS_NOTEBOOKS + (PREREGISTERED_NOTEBOOKS if recorded.get("preregistration") else ())
+    root = project_root()  # the kernel's cwd: paths under it are passed relative to it
     written = []
     for name in tqdm(list(notebooks), desc="analysis notebooks", disable=not progress):
-        params: dict[str, Any] = {"study_dir": str(study_dir), "out_dir": str(out)}
+        params: dict[str, Any] = {"study_dir": _under(study_dir, root), "out_dir": _under(out, root)}
         if targets and name in ("50_learning_curves", "52_time_to_target"):
             params["targets"] = targets
         if targets and name == "56_critical_batch":
@@ -83,10 +84,11 @@ def run_analysis(
                     notebook(name),  # the workspace's copy where there is one
                     target,
                     parameters=params,
-                    cwd=str(project_root()),
+                    cwd=str(root),
                     progress_bar=False,
                     kernel_name="python3",
                 )
+            _tidy_executed(target, root)
         except pm.PapermillExecutionError as exc:  # the executed notebook, with its traceback, is kept
             error = " ".join(f"{exc.ename}: {exc.evalue}".split())[:300]
             raise RuntimeError(f"{name} failed: {error} (see {target})") from None
@@ -96,6 +98,27 @@ def run_analysis(
             raise
         written.append(target)
     return written
+
+
+def _under(path: Path, root: Path) -> str:
+    """``path`` relative to ``root`` where it lies under it, so an executed notebook names no machine's folders."""
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
+def _tidy_executed(path: Path, root: Path) -> None:
+    """Papermill's record of the notebook's input and output paths made relative to ``root`` where they lie under
+    it, and consecutive stream outputs merged (how a kernel splits printed text depends on flush timing), so that
+    executing a notebook again diffs only where its results changed."""
+    import nbformat
+    from nbconvert.preprocessors import CoalesceStreamsPreprocessor
+
+    nb = nbformat.read(path, as_version=4)
+    record = nb.metadata.get("papermill", {})
+    for key in ("input_path", "output_path"):
+        if record.get(key):
+            record[key] = _under(Path(record[key]).resolve(), root)
+    nb, _ = CoalesceStreamsPreprocessor().preprocess(nb, {})
+    nbformat.write(nb, path)
 
 
 def refresh_committed_notebooks(
