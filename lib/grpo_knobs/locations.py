@@ -73,6 +73,13 @@ def project_root() -> Path:
     return find_workspace() or checkout_root() or Path.cwd()
 
 
+def project_relative(path: str | os.PathLike, root: Path | None = None) -> str:
+    """``path`` relative to ``root`` (default: :func:`project_root`) where it lies under it, else whole: how
+    executed notebooks and reports name folders, so they can be shared without this machine's paths."""
+    path, root = Path(path).resolve(), (root or project_root()).resolve()
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
 def notebook(name: str) -> Path:
     """The notebook ``name`` (e.g. ``10_train``): the workspace's copy where it has one, else the shipped one."""
     workspace = find_workspace()

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .locations import NOTEBOOKS, checkout_root, project_root
+from .locations import NOTEBOOKS, checkout_root, project_relative
 from .provenance import git_commit
 from .study.notebooks import ANALYSIS_NOTEBOOKS, PREREGISTERED_NOTEBOOKS
 
@@ -421,21 +421,14 @@ def study_provenance(sources: ReportSources) -> dict[str, Any]:
             executed.append(end)
     return {
         "study": name,
-        "study_dir": _display_path(sources.study_dir),
+        "study_dir": project_relative(sources.study_dir),
         "runs": sum(commits.values()),
         "run_commits": dict(commits.most_common()),
         "report_commit": git_commit() or "unknown (not a git checkout)",
         "generated": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "notebooks_executed": max(executed) if executed else None,
-        "notebooks": [_display_path(p) for p in sources.notebooks],
+        "notebooks": [project_relative(p) for p in sources.notebooks],
     }
-
-
-def _display_path(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(project_root()))
-    except ValueError:
-        return str(path)
 
 
 def _provenance_html(prov: dict[str, Any]) -> str:

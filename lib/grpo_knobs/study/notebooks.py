@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..locations import NOTEBOOKS, checkout_root, notebook, project_root
+from ..locations import NOTEBOOKS, checkout_root, notebook, project_relative, project_root
 
 ANALYSIS_NOTEBOOKS = (
     "50_learning_curves",
@@ -72,7 +72,10 @@ def run_analysis(
     root = project_root()  # the kernel's cwd: paths under it are passed relative to it
     written = []
     for name in tqdm(list(notebooks), desc="analysis notebooks", disable=not progress):
-        params: dict[str, Any] = {"study_dir": _under(study_dir, root), "out_dir": _under(out, root)}
+        params: dict[str, Any] = {
+            "study_dir": project_relative(study_dir, root),
+            "out_dir": project_relative(out, root),
+        }
         if targets and name in ("50_learning_curves", "52_time_to_target"):
             params["targets"] = targets
         if targets and name == "56_critical_batch":
@@ -100,11 +103,6 @@ def run_analysis(
     return written
 
 
-def _under(path: Path, root: Path) -> str:
-    """``path`` relative to ``root`` where it lies under it, so an executed notebook names no machine's folders."""
-    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
-
-
 def _tidy_executed(path: Path, root: Path) -> None:
     """Papermill's record of the notebook's input and output paths made relative to ``root`` where they lie under
     it, and consecutive stream outputs merged (how a kernel splits printed text depends on flush timing), so that
@@ -116,7 +114,7 @@ def _tidy_executed(path: Path, root: Path) -> None:
     record = nb.metadata.get("papermill", {})
     for key in ("input_path", "output_path"):
         if record.get(key):
-            record[key] = _under(Path(record[key]).resolve(), root)
+            record[key] = project_relative(record[key], root)
     nb, _ = CoalesceStreamsPreprocessor().preprocess(nb, {})
     nbformat.write(nb, path)
 
