@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from ..locations import NOTEBOOKS, checkout_root, notebook, project_relative, project_root
 
@@ -103,20 +103,37 @@ def run_analysis(
     return written
 
 
-def _tidy_executed(path: Path, root: Path) -> None:
-    """Papermill's record of the notebook's input and output paths made relative to ``root`` where they lie under
-    it, and consecutive stream outputs merged (how a kernel splits printed text depends on flush timing), so that
-    executing a notebook again diffs only where its results changed."""
+def _rewrite_executed(path: Path, edit: Callable[[Any], None]) -> None:
+    """Apply ``edit`` to the executed notebook at ``path`` and merge consecutive stream outputs (how a kernel splits
+    printed text into messages depends on flush timing), so that executing it again diffs only where its results
+    changed."""
     import nbformat
     from nbconvert.preprocessors import CoalesceStreamsPreprocessor
 
     nb = nbformat.read(path, as_version=4)
-    record = nb.metadata.get("papermill", {})
-    for key in ("input_path", "output_path"):
-        if record.get(key):
-            record[key] = project_relative(record[key], root)
+    edit(nb)
     nb, _ = CoalesceStreamsPreprocessor().preprocess(nb, {})
     nbformat.write(nb, path)
+
+
+def _tidy_executed(path: Path, root: Path) -> None:
+    """Papermill's record of the notebook's input and output paths made relative to ``root`` where they lie under
+    it; stream outputs merged."""
+
+    def relative_paths(nb: Any) -> None:
+        record = nb.metadata.get("papermill", {})
+        for key in ("input_path", "output_path"):
+            if record.get(key):
+                record[key] = project_relative(record[key], root)
+
+    _rewrite_executed(path, relative_paths)
+
+
+def _drop_run_metadata(nb: Any) -> None:
+    nb.metadata.pop("papermill", None)
+    for cell in nb.cells:
+        cell.metadata.pop("papermill", None)
+        cell.metadata.pop("execution", None)
 
 
 def refresh_committed_notebooks(
@@ -125,12 +142,9 @@ def refresh_committed_notebooks(
     """Re-execute the committed analysis notebooks in place, on their default records.
 
     Their parameter defaults read ``results/`` (``results/h200-mini`` for 50-57) and write ``figures/``; no parameters
-    are injected, and papermill's run metadata is dropped so a refresh diffs only in outputs.
-    Consecutive stream outputs are merged too: how a kernel splits printed text into
-    messages depends on flush timing.
+    are injected, and papermill's run metadata is dropped and stream outputs merged so a refresh diffs only in
+    outputs.
     """
-    import nbformat
-    from nbconvert.preprocessors import CoalesceStreamsPreprocessor
     from tqdm.auto import tqdm
 
     root = checkout_root()
@@ -143,13 +157,7 @@ def refresh_committed_notebooks(
     for name in tqdm(list(notebooks), desc="committed notebooks", disable=not progress):
         path = NOTEBOOKS / f"{name}.ipynb"
         execute_notebook(path, path, cwd=str(root), progress_bar=False, kernel_name="python3")
-        nb = nbformat.read(path, as_version=4)
-        nb.metadata.pop("papermill", None)
-        for cell in nb.cells:
-            cell.metadata.pop("papermill", None)
-            cell.metadata.pop("execution", None)
-        nb, _ = CoalesceStreamsPreprocessor().preprocess(nb, {})
-        nbformat.write(nb, path)
+        _rewrite_executed(path, _drop_run_metadata)
         written.append(path)
     return written
 
