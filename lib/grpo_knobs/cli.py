@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import sys
+import textwrap
 import traceback
 from pathlib import Path
 
@@ -263,34 +264,87 @@ def _cmd_rerun(a: argparse.Namespace) -> int:
     return 0 if comparison.identical else 1
 
 
+DESCRIPTION = """\
+Study how GRPO's four batch knobs change what a model learns and how fast: P prompts a collection
+(rollout_batch_size) x G responses a prompt (n_samples_per_prompt) = B responses an update
+(global_batch_size) x S updates a collection (num_steps_per_rollout)."""
+EPILOG = """\
+a first session:
+  grpo-knobs knobs --rollout-batch-size 64 --n-samples-per-prompt 8 --global-batch-size 256
+  grpo-knobs train -p task=countdown-2x10 -p rollout_batch_size=64 -p global_batch_size=256
+  grpo-knobs plan smoke                # a study preset's runs, checked before any trains
+  grpo-knobs study smoke               # screening -> selection -> confirmation -> test -> analysis
+  grpo-knobs report runs/smoke         # the analysis notebooks as one offline HTML page
+
+`grpo-knobs COMMAND --help` lists a command's options; `grpo-knobs init DIR` writes a workspace with the
+notebooks and a README."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose epilog may be a function, called only when help is printed (a command's
+    help can then list what only a heavier import knows, without every command paying for it)."""
+
+    def __init__(self, *args, epilog_fn=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.epilog_fn = epilog_fn
+
+    def format_help(self) -> str:
+        if self.epilog_fn is not None:
+            self.epilog = self.epilog_fn()
+        return super().format_help()
+
+
+def _run_parameters() -> str:
+    from .config import run_parameters_help
+
+    return run_parameters_help()
+
+
+def _command(sub, name: str, help: str, **kwargs) -> argparse.ArgumentParser:
+    """A subcommand whose own --help opens with the line that the list of commands shows for it."""
+    return sub.add_parser(name, help=help, description=textwrap.fill(help, 100), **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="grpo-knobs", description=__doc__.splitlines()[0])
+    raw = argparse.RawDescriptionHelpFormatter
+    p = _Parser(prog="grpo-knobs", description=DESCRIPTION, epilog=EPILOG, formatter_class=raw)
     p.add_argument("--debug", action="store_true", help=f"Show tracebacks (also: {DEBUG_ENV}=1).")
     sub = p.add_subparsers(dest="command", required=True)
 
-    k = sub.add_parser("knobs", help="Derive and check a batch plan (P x G = B x S).")
-    k.add_argument("--rollout-batch-size", type=int, required=True)
-    k.add_argument("--n-samples-per-prompt", type=int, required=True)
-    k.add_argument("--global-batch-size", type=int, required=True)
-    k.add_argument("--num-steps-per-rollout", type=int, default=None)
-    k.add_argument("--response-budget", type=int, default=None)
-    k.add_argument("--eval-every-responses", type=int, default=None)
-    k.add_argument("--json", action="store_true")
+    k = _command(sub, "knobs", help="Derive and check a batch plan (P x G = B x S).")
+    k.add_argument("--rollout-batch-size", type=int, required=True, metavar="P", help="Prompts a collection.")
+    k.add_argument("--n-samples-per-prompt", type=int, required=True, metavar="G", help="Responses a prompt.")
+    k.add_argument("--global-batch-size", type=int, required=True, metavar="B", help="Responses an update.")
+    k.add_argument(
+        "--num-steps-per-rollout",
+        type=int,
+        default=None,
+        metavar="S",
+        help="Updates a collection (default: P x G / B).",
+    )
+    k.add_argument("--response-budget", type=int, default=None, help="A run's responses: its collections and updates.")
+    k.add_argument(
+        "--eval-every-responses", type=int, default=None, help="With --response-budget: the evaluation points."
+    )
+    k.add_argument("--json", action="store_true", help="Print the plan as JSON.")
     k.set_defaults(func=_cmd_knobs)
 
-    i = sub.add_parser("init", help="Write a workspace: the notebooks, a study preset to edit and a README.")
+    i = _command(sub, "init", help="Write a workspace: the notebooks, a study preset to edit and a README.")
     i.add_argument("directory", help="A new or empty folder.")
     i.add_argument("--preset", default="smoke", help="The shipped preset copied into studies/ (default: smoke).")
     i.set_defaults(func=_cmd_init)
 
-    f = sub.add_parser("fetch-model", help="Fetch, verify and cache a model.")
+    f = _command(sub, "fetch-model", help="Fetch, verify and cache a model.")
     f.add_argument("name")
     f.set_defaults(func=_cmd_fetch_model)
 
-    pr = sub.add_parser(
+    pr = _command(
+        sub,
         "prepare",
         help="Compile the kernels a run of MODEL uses into the on-disk caches, once per machine "
         "(on CUDA; nothing to do on CPU).",
+        epilog_fn=_run_parameters,
+        formatter_class=raw,
     )
     pr.add_argument("model", nargs="?", help="Registry name, hub id or local path (default: RunConfig's).")
     pr.add_argument(
@@ -309,18 +363,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pr.set_defaults(func=_cmd_prepare)
 
-    d = sub.add_parser("data", help="Build or show the data manifests.")
+    d = _command(sub, "data", help="Build or show the data manifests.")
     d.add_argument("action", choices=["build", "show"])
     d.add_argument("tasks", nargs="*")
     d.set_defaults(func=_cmd_data)
 
-    t = sub.add_parser("train", help="Run one training run (same code path as the notebook 10_train.ipynb).")
+    t = _command(
+        sub,
+        "train",
+        help="Run one training run (same code path as the notebook 10_train.ipynb).",
+        epilog_fn=_run_parameters,
+        formatter_class=raw,
+    )
     t.add_argument("--config", help="YAML file of run parameters.")
     t.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="Override one parameter (repeatable).")
-    t.add_argument("--no-progress", action="store_true")
+    t.add_argument("--no-progress", action="store_true", help="No progress bars.")
     t.set_defaults(func=_cmd_train)
 
-    te = sub.add_parser("test-eval", help="Terminal test job: evaluate a checkpoint on the test split.")
+    te = _command(sub, "test-eval", help="Terminal test job: evaluate a checkpoint on the test split.")
     te.add_argument("--study-dir", required=True)
     te.add_argument("--run-id", required=True, help="A run directory, or initial-<task> for the initial model.")
     te.add_argument("--task", required=True)
@@ -330,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     te.add_argument("--device", default="auto")
     te.set_defaults(func=_cmd_test_eval)
 
-    pl = sub.add_parser("plan", help="Validate a study preset and print its runs.")
+    pl = _command(sub, "plan", help="Validate a study preset and print its runs.")
     pl.add_argument("preset", help="smoke, h200-mini, paper, or a path to a plan YAML.")
     pl.add_argument("--json", action="store_true")
     pl.add_argument(
@@ -339,8 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--param", action="append", metavar="KEY=VALUE", help="Set one of the plan's params (repeatable).")
     pl.set_defaults(func=_cmd_plan)
 
-    st = sub.add_parser(
-        "study", help="Run a study preset (skips complete runs, resumes partial ones), then its analysis."
+    st = _command(
+        sub, "study", help="Run a study preset (skips complete runs, resumes partial ones), then its analysis."
     )
     st.add_argument("preset")
     st.add_argument(
@@ -382,7 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     st.set_defaults(func=_cmd_study)
 
-    an = sub.add_parser(
+    an = _command(
+        sub,
         "analyze",
         help="Execute the analysis notebooks (50-57; 59 where the study registered an analysis) on a study directory.",
     )
@@ -395,19 +456,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     an.set_defaults(func=_cmd_analyze)
 
-    nbp = sub.add_parser(
-        "notebook-params", help="Rewrite the parameters cell of 10_train.ipynb (the workspace's, else shipped)."
+    nbp = _command(
+        sub, "notebook-params", help="Rewrite the parameters cell of 10_train.ipynb (the workspace's, else shipped)."
     )
     nbp.add_argument("--check", action="store_true", help="Only check; exit 2 when the cell differs.")
     nbp.set_defaults(func=_cmd_notebook_params)
 
-    rp = sub.add_parser("report", help="One self-contained HTML page from a study's executed analysis notebooks.")
+    rp = _command(sub, "report", help="One self-contained HTML page from a study's executed analysis notebooks.")
     rp.add_argument("study_dir", help="A study directory analysed by `grpo-knobs analyze` (or results/h200-mini).")
     rp.add_argument("--out", default=None, help="Default: report.html beside the notebooks' figures.")
     rp.add_argument("--notebooks", default=None, help="Folder of executed notebooks; default: <study_dir>/figures.")
     rp.set_defaults(func=_cmd_report)
 
-    au = sub.add_parser("audit", help="Reward audit: grade the initial model strict and flexible.")
+    au = _command(sub, "audit", help="Reward audit: grade the initial model strict and flexible.")
     au.add_argument("--task", default="gsm8k")
     au.add_argument("--model", default="smollm2-135m-instruct")
     au.add_argument("--problems", type=int, default=16)
@@ -415,8 +476,8 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--out-dir", default="runs/audit")
     au.add_argument("--device", default="auto")
     au.set_defaults(func=_cmd_audit)
-    ex = sub.add_parser(
-        "export", help="Write a run's or study's records as TensorBoard event files or a trackio project."
+    ex = _command(
+        sub, "export", help="Write a run's or study's records as TensorBoard event files or a trackio project."
     )
     ex.add_argument("dir", help="A run directory or a study directory.")
     ex.add_argument("--to", required=True, choices=["tensorboard", "trackio"])
@@ -430,7 +491,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--project", default=None, help="trackio project (default: the study's name).")
     ex.set_defaults(func=_cmd_export)
 
-    cr = sub.add_parser(
+    cr = _command(
+        sub,
         "compare-runs",
         help="Whether two runs' records are identical (clock and memory fields aside); if not, where they part. "
         "Exit 0 identical, 1 different.",
@@ -440,7 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
     cr.add_argument("--json", action="store_true")
     cr.set_defaults(func=_cmd_compare_runs)
 
-    rr = sub.add_parser(
+    rr = _command(
+        sub,
         "rerun",
         help="Train a recorded run again from its config.json into another directory, then compare the two "
         "(compare-runs). Exit 0 identical, 1 different.",
@@ -451,7 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument(
         "--other-source", action="store_true", help="Train even if this library's source differs from the run's."
     )
-    rr.add_argument("--no-progress", action="store_true")
+    rr.add_argument("--no-progress", action="store_true", help="No progress bars.")
     rr.set_defaults(func=_cmd_rerun)
     return p
 

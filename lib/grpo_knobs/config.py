@@ -434,6 +434,26 @@ def parameters_cell() -> str:
     return "".join(lines).rstrip("\n")
 
 
+def run_parameters_help(width: int = 100) -> str:
+    """Every RunConfig field as ``--help`` lists it: grouped as in the parameters cell, each name with its
+    default and help, the help wrapped to ``width`` columns under the name."""
+    lines = ["run parameters (-p KEY=VALUE, or the keys of a --config YAML), default in brackets:"]
+    for f in dataclasses.fields(RunConfig):
+        if f.name in SECTIONS:
+            lines += ["", f"  {SECTIONS[f.name]}"]
+        lines.append(f"    {f.name} [{_as_typed(f.default)}]")
+        help_text = " ".join(f.metadata.get("help", "").split())
+        lines += textwrap.wrap(help_text, width, initial_indent=" " * 8, subsequent_indent=" " * 8)
+    return "\n".join(lines)
+
+
+def _as_typed(value: Any) -> str:
+    """A default as it is typed after ``-p KEY=``: strings bare, booleans and None in lower case."""
+    if value is None or isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
 def _annotation(declared: Any) -> str:
     """A field's type as papermill's parser reads it: ``int``, ``Optional[int]``."""
     kinds, optional = _base_types(declared)
