@@ -92,3 +92,10 @@ def test_the_command_list_imports_no_run_configuration():
     env = {**os.environ, "PYTHONPATH": str(ROOT / "lib")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_the_preset_help_names_every_shipped_preset():
+    from grpo_knobs.locations import STUDIES
+
+    shipped = sorted(path.stem for path in STUDIES.glob("*.yaml"))
+    assert f"the shipped ones: {', '.join(shipped)};" in cli.PRESET_HELP

@@ -280,6 +280,12 @@ a first session:
 notebooks and a README."""
 
 
+PRESET_HELP = (
+    "A preset's name (the shipped ones: h200-mini, paper, seeds20, smoke; a workspace's studies/NAME.yaml "
+    "comes first) or a path to a plan YAML."
+)
+
+
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose epilog may be a function, called only when help is printed (a command's
     help can then list what only a heavier import knows, without every command paying for it)."""
@@ -391,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     te.set_defaults(func=_cmd_test_eval)
 
     pl = _command(sub, "plan", help="Validate a study preset and print its runs.")
-    pl.add_argument("preset", help="smoke, h200-mini, paper, or a path to a plan YAML.")
+    pl.add_argument("preset", help=PRESET_HELP)
     pl.add_argument("--json", action="store_true")
     pl.add_argument(
         "--study-dir", default=None, help="Show concrete confirmation runs once this study has a selection."
@@ -402,7 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
     st = _command(
         sub, "study", help="Run a study preset (skips complete runs, resumes partial ones), then its analysis."
     )
-    st.add_argument("preset")
+    st.add_argument("preset", help=PRESET_HELP)
     st.add_argument(
         "--phase",
         action="append",
