@@ -47,16 +47,17 @@ def test_a_broken_pipe_that_is_not_stdout_is_an_error(capsys):
     assert capsys.readouterr().err == "grpo-knobs knobs: error: [Errno 32] Broken pipe\n"
 
 
-def _help(*command: str) -> str:
-    """What ``grpo-knobs COMMAND --help`` prints, from a fresh interpreter (imports are what is tested)."""
+def _python(code: str) -> str:
+    """What ``code`` prints in a fresh interpreter on the checkout's library (imports are part of what is tested)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "lib"), "COLUMNS": "100"}
-    code = (
-        "import sys\nfrom grpo_knobs import cli\n"
-        f"print(cli.build_parser().parse_args({list(command)!r} + ['--help']))\n"
-    )
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
+
+
+def _help(*command: str) -> str:
+    """What ``grpo-knobs COMMAND --help`` prints."""
+    return _python(f"from grpo_knobs import cli\ncli.build_parser().parse_args({list(command)!r} + ['--help'])")
 
 
 def test_train_help_lists_every_run_parameter_with_its_default():
@@ -89,9 +90,7 @@ def test_the_command_list_imports_no_run_configuration():
         "import sys\nfrom grpo_knobs import cli\ncli.build_parser().format_help()\n"
         "print(sorted(m for m in ('grpo_knobs.config', 'numpy', 'torch') if m in sys.modules))"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "lib")}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.stdout.strip() == "[]", out.stderr
+    assert _python(code).strip() == "[]"
 
 
 def test_the_preset_help_names_every_shipped_preset():

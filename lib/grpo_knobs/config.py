@@ -425,7 +425,7 @@ def parameters_cell() -> str:
     for f in dataclasses.fields(RunConfig):
         if f.name in SECTIONS:
             lines.append(f"\n# --- {SECTIONS[f.name]}\n")
-        help_text = " ".join(f.metadata.get("help", "").split())
+        help_text = _help_text(f)
         code = f"{f.name}: {_annotation(declared[f.name])} = {_literal(f.default)}"
         if len(code) + len(help_text) + 4 <= 119 and "=" not in help_text:
             lines.append(f"{code}  # {help_text}\n")
@@ -442,9 +442,14 @@ def run_parameters_help(width: int = 100) -> str:
         if f.name in SECTIONS:
             lines += ["", f"  {SECTIONS[f.name]}"]
         lines.append(f"    {f.name} [{_as_typed(f.default)}]")
-        help_text = " ".join(f.metadata.get("help", "").split())
+        help_text = _help_text(f)
         lines += textwrap.wrap(help_text, width, initial_indent=" " * 8, subsequent_indent=" " * 8)
     return "\n".join(lines)
+
+
+def _help_text(f: dataclasses.Field) -> str:
+    """A field's help on one line (the source wraps it)."""
+    return " ".join(f.metadata.get("help", "").split())
 
 
 def _as_typed(value: Any) -> str:
